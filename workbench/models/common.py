@@ -1,0 +1,348 @@
+"""Building blocks shared by the target families: norms, rotary, MLP, MoE, attention, the LM shell.
+
+Every layer takes the new tokens of one forward as a ``CompiledTree``: prefill and decode are
+chains (a degenerate tree), verify is a real tree. One code path per layer serves all three.
+Tensors are batch-1 and tokens-first: hidden states are ``[T, hidden]``.
+
+Module and parameter names mirror transformers' (``model.layers.3.self_attn.q_proj.weight``),
+so an HF checkpoint's keys are this module's ``state_dict`` keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+import tree_kernels as tk
+from torch import nn
+
+from ..tree import CompiledTree, compile_chain
+from .config import TargetConfig
+
+# ----------------------------------------------------------------------------------------------
+# norms
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm in both conventions: ``w * x̂`` (Qwen3) or zero-centred ``(1 + w) * x̂`` (Qwen3.5/Next)."""
+
+    def __init__(self, dim: int, eps: float, zero_centered: bool):
+        super().__init__()
+        self.eps = eps
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            # (x * (1 + w)) in fp32, then cast: the order transformers uses for these models
+            return (normed * (1.0 + self.weight.float())).type_as(x)
+        return self.weight * normed.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# rotary
+
+
+class Rotary(nn.Module):
+    """Rotary embedding on the first ``rotary_dim`` channels of each head (rotate-half layout)."""
+
+    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float = 1.0):
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_scaling = attention_scaling
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * self.inv_freq.shape[0]
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos, sin [T, R] with R <= D. Channels past R pass through."""
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    out = rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+# ----------------------------------------------------------------------------------------------
+# feed-forward
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """Expert weights stacked as transformers holds them: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+    def forward(self, x: torch.Tensor, top_index: torch.Tensor, top_weight: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for e in torch.unique(top_index).tolist():
+            token, slot = torch.where(top_index == e)
+            gate, up = F.linear(x[token], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.down_proj[e]) * top_weight[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
+
+
+class SparseMoE(nn.Module):
+    """Routed top-k experts (softmax router, optional renormalisation) plus an optional gated shared expert."""
+
+    def __init__(self, hidden, num_experts, top_k, intermediate, norm_topk_prob, shared_intermediate=0):
+        super().__init__()
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = Experts(num_experts, hidden, intermediate)
+        if shared_intermediate:
+            self.shared_expert = MLP(hidden, shared_intermediate)
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+        else:
+            self.shared_expert = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float)
+        top_weight, top_index = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top_weight = top_weight / top_weight.sum(dim=-1, keepdim=True)
+        out = self.experts(x, top_index, top_weight.to(x.dtype))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+def make_feed_forward(config: TargetConfig, layer: int) -> nn.Module:
+    if config.is_moe_layer(layer):
+        return SparseMoE(
+            config.hidden_size,
+            config.num_experts,
+            config.num_experts_per_tok,
+            config.moe_intermediate_size,
+            True if config.model_type == "qwen3_5_moe_text" else config.norm_topk_prob,
+            config.shared_expert_intermediate_size if config.model_type != "qwen3_moe" else 0,
+        )
+    return MLP(config.hidden_size, config.intermediate_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# attention and its KV cache
+
+
+class KVCache:
+    """Contiguous K/V rows for one attention layer: committed prefix, then tentative tree rows."""
+
+    def __init__(self, max_len: int, kv_heads: int, head_dim: int, dtype, device):
+        self.k = torch.zeros(max_len, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[0]
+
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Put the new rows after the committed prefix; return every row a query may read."""
+        end = start + k.shape[0]
+        if start != self.length:
+            raise RuntimeError(f"KV cache holds {self.length} committed rows but the block starts at {start}")
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({end} rows needed)")
+        self.k[start:end] = k
+        self.v[start:end] = v
+        return self.k[:end], self.v[:end]
+
+    def commit(self, path: torch.Tensor) -> None:
+        """Keep the accepted rows, contiguous after the prefix."""
+        start = self.length
+        rows = start + path
+        n = path.shape[0]
+        self.k[start : start + n] = self.k[rows]  # gather first (advanced indexing copies)
+        self.v[start : start + n] = self.v[rows]
+        self.length = start + n
+
+
+class Attention(nn.Module):
+    """Qwen attention: q/k RMSNorm per head, (partial) rotary, GQA, optional sigmoid output gate."""
+
+    def __init__(self, config: TargetConfig, layer: int, gated: bool, zero_centered_norm: bool):
+        super().__init__()
+        h, d = config.num_attention_heads, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = h, config.num_key_value_heads, d
+        self.gated = gated
+        self.scale = d**-0.5
+        self.window = config.sliding_window if config.layer_types[layer] == "sliding_attention" else None
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, h * d * (2 if gated else 1), bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(h * d, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps, zero_centered_norm)
+        self.k_norm = RMSNorm(d, config.rms_norm_eps, zero_centered_norm)
+
+    def new_cache(self, max_len: int, dtype, device) -> KVCache:
+        return KVCache(max_len, self.kv_heads, self.head_dim, dtype, device)
+
+    def forward(self, x, tree: CompiledTree, cache: KVCache, cos, sin, mode: str):
+        t = x.shape[0]
+        q = self.q_proj(x)
+        if self.gated:
+            q, gate = q.view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(t, self.heads * self.head_dim)
+        q = self.q_norm(q.reshape(t, self.heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(t, self.kv_heads, self.head_dim))
+        v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        keys, values = cache.write(tree.prefix_len, k, v)
+        o = tk.tree_attention(q, keys, values, tree.anc, tree.prefix_len, self.scale, tree.positions, self.window)
+        o = o.reshape(t, self.heads * self.head_dim)
+        if self.gated:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o)
+
+
+# ----------------------------------------------------------------------------------------------
+# decoder layer and the causal LM shell
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, mixer_name: str, mixer: nn.Module, mlp: nn.Module, hidden: int, eps: float, zero_centered: bool):
+        super().__init__()
+        self.mixer_name = mixer_name
+        self.add_module(mixer_name, mixer)  # "self_attn" or "linear_attn", as in HF checkpoints
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden, eps, zero_centered)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, zero_centered)
+
+    @property
+    def mixer(self) -> nn.Module:
+        return getattr(self, self.mixer_name)
+
+    def forward(self, x, tree, cache, cos, sin, mode):
+        x = x + self.mixer(self.input_layernorm(x), tree, cache, cos, sin, mode)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class ModelCache:
+    """Everything a target keeps between forwards: one cache per layer, owned by that layer's type."""
+
+    layers: list
+    length: int = 0  # committed tokens
+    capacity: int = 0
+
+    def commit(self, path: list[int] | torch.Tensor) -> None:
+        device = next((c.k.device for c in self.layers if isinstance(c, KVCache)), None)
+        p = torch.as_tensor(path, dtype=torch.int64, device=device)
+        for c in self.layers:
+            c.commit(p)
+        self.length += int(p.shape[0])
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [T, V] (or [1, V] with logits="last")
+    taps: torch.Tensor | None = None  # [T, n_taps * hidden]: outputs of the requested layers
+    states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [T, HV, dk, dv] (record_states)
+
+
+class CausalLM(nn.Module):
+    """The shell every target family fills in: embeddings, decoder layers, final norm, lm_head."""
+
+    def __init__(self, config: TargetConfig, layers: list[DecoderLayer], zero_centered: bool):
+        super().__init__()
+        self.config = config
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.model.layers = nn.ModuleList(layers)
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered)
+        inv_freq, scaling = config.inv_freq()
+        self.rotary = Rotary(inv_freq, scaling)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def reset_rotary(self) -> None:
+        """(Re)compute the rotary frequencies in fp32 on the model's device (after a dtype cast)."""
+        inv_freq, scaling = self.config.inv_freq()
+        self.rotary = Rotary(inv_freq.to(self.device), scaling)
+
+    # -- plumbing -------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(tokens)
+
+    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """lm_head on already-normed hidden states (the DFlash drafter uses the target's head)."""
+        return self.lm_head(h)
+
+    def new_cache(self, max_len: int) -> ModelCache:
+        layers = [layer.mixer.new_cache(max_len, self.dtype, self.device) for layer in self.model.layers]
+        return ModelCache(layers, 0, max_len)
+
+    # -- the one forward ------------------------------------------------------------------------
+    def forward(
+        self,
+        tree: CompiledTree,
+        cache: ModelCache,
+        mode: str = "fork",
+        taps: list[int] | tuple[int, ...] = (),
+        logits: str = "all",
+        record_states: bool = False,
+    ) -> ForwardOutput:
+        """Run the new tokens of ``tree`` after the ``cache.length`` committed ones.
+
+        Attention rows and recurrent stashes are tentative until ``cache.commit(path)``.
+        """
+        if tree.prefix_len != cache.length:
+            raise RuntimeError(f"tree starts at {tree.prefix_len} but the cache holds {cache.length} tokens")
+        x = self.embed(tree.tokens)
+        cos, sin = self.rotary.cos_sin(tree.positions, x.dtype)
+        wanted = {layer: i for i, layer in enumerate(taps)}
+        captured: list[torch.Tensor | None] = [None] * len(taps)
+        states = {}
+        for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
+            x = layer(x, tree, layer_cache, cos, sin, mode)
+            if i in wanted:
+                captured[wanted[i]] = x
+            if record_states and hasattr(layer_cache, "pending") and layer_cache.pending is not None:
+                states[i] = layer_cache.pending.node_states()
+        h = x if logits == "all" else x[-1:]
+        out = self.lm_head(self.model.norm(h))
+        tap_tensor = torch.cat(captured, dim=-1) if taps else None  # type: ignore[arg-type]
+        return ForwardOutput(out, tap_tensor, states)
+
+    def run_chain(self, tokens, cache: ModelCache, taps=(), logits="all") -> ForwardOutput:
+        """Prefill or plain decode: forward a chain after the cache and commit all of it."""
+        chain = compile_chain(tokens, cache.length, self.device)
+        out = self.forward(chain, cache, "fork", taps, logits)
+        cache.commit(torch.arange(chain.size, device=self.device))
+        return out

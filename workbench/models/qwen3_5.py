@@ -1,0 +1,145 @@
+"""Hybrid Qwen3.5 / Qwen3.6 text (``qwen3_5_text``, ``qwen3_5_moe_text``) and Qwen3-Next (``qwen3_next``).
+
+Layers alternate Gated DeltaNet (``linear_attention``) and gated attention (``full_attention``),
+3:1 by default. Norms are zero-centred (1 + w). Attention has an output gate (q_proj is twice
+as wide), per-head q/k RMSNorm and partial rotary. The GDN mixer:
+
+    x -> in_proj -> (q, k, v | z | b, a)
+    q, k, v -> short causal depthwise conv1d (+ SiLU)      <- on a tree: gather table, per mode
+    q, k -> l2norm;  beta = sigmoid(b);  g = -exp(A_log) * softplus(a + dt_bias)
+    o = gated delta rule (q, k, v, g, beta; state S)        <- on a tree: fork / unsafe / paths / slots
+    out = out_proj(RMSNormGated(o, z))
+
+Qwen3-Next fuses the projections (in_proj_qkvz, in_proj_ba) grouped per key head; the maths
+after the split is identical.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tree_kernels import tree_conv_commit
+
+from .. import verify
+from ..tree import CompiledTree
+from .common import Attention, CausalLM, DecoderLayer, make_feed_forward
+from .config import TargetConfig
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm (weight ones, not zero-centred) then a SiLU gate, as the GDN output norm."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x, gate):
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * normed.to(x.dtype) * F.silu(gate.float())).to(x.dtype)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+class RecurrentCache:
+    """A GDN layer's state: S [HV, dk, dv] in fp32 and the conv window [C, W-1].
+
+    A verify pass leaves ``pending`` (how to rebuild any node's state) and the conv inputs;
+    ``commit(path)`` keeps the accepted node's state and the conv inputs along its path.
+    """
+
+    def __init__(self, heads_v, dk, dv, conv_channels, conv_width, dtype, device):
+        self.state = torch.zeros(heads_v, dk, dv, dtype=torch.float32, device=device)
+        self.conv_state = torch.zeros(conv_channels, conv_width - 1, dtype=dtype, device=device)
+        self.pending: verify.PendingRecurrence | None = None
+        self.pending_conv_inputs: torch.Tensor | None = None
+        self.pending_mode = "fork"
+
+    def commit(self, path: torch.Tensor) -> None:
+        if self.pending is None:
+            raise RuntimeError("commit without a forward pass")
+        nodes = path.tolist()
+        self.state = self.pending.commit(nodes)
+        self.conv_state = tree_conv_commit(
+            self.pending_conv_inputs, self.conv_state, verify.conv_commit_path(self.pending_mode, nodes)
+        )
+        self.pending = None
+        self.pending_conv_inputs = None
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: TargetConfig, fused_projections: bool):
+        super().__init__()
+        self.hk, self.hv = config.linear_num_key_heads, config.linear_num_value_heads
+        self.dk, self.dv = config.linear_key_head_dim, config.linear_value_head_dim
+        self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_width = config.linear_conv_kernel_dim
+        self.fused = fused_projections
+        hidden = config.hidden_size
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.conv_width, groups=self.conv_dim, bias=False)
+        if fused_projections:
+            self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(hidden, 2 * self.hv, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(hidden, self.hv, bias=False)
+            self.in_proj_a = nn.Linear(hidden, self.hv, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+
+    def new_cache(self, max_len: int, dtype, device) -> RecurrentCache:
+        return RecurrentCache(self.hv, self.dk, self.dv, self.conv_dim, self.conv_width, dtype, device)
+
+    def project(self, x: torch.Tensor):
+        """x [T, hidden] -> conv inputs [T, conv_dim], z [T, HV, dv], b, a [T, HV]."""
+        t = x.shape[0]
+        if not self.fused:
+            return self.in_proj_qkv(x), self.in_proj_z(x).view(t, self.hv, self.dv), self.in_proj_b(x), self.in_proj_a(x)
+        r = self.hv // self.hk
+        qkvz = self.in_proj_qkvz(x).view(t, self.hk, 2 * self.dk + 2 * r * self.dv)
+        q, k, v, z = torch.split(qkvz, [self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
+        b, a = torch.split(self.in_proj_ba(x).view(t, self.hk, 2 * r), [r, r], dim=-1)
+        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return mixed, z.reshape(t, self.hv, self.dv), b.reshape(t, self.hv), a.reshape(t, self.hv)
+
+    def forward(self, x, tree: CompiledTree, cache: RecurrentCache, cos, sin, mode: str):
+        t = x.shape[0]
+        mixed, z, b, a = self.project(x)
+        conv_out = verify.tree_conv(mode, mixed, cache.conv_state, self.conv1d.weight[:, 0, :], None, tree)
+        q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2norm(q.reshape(t, self.hk, self.dk).float())
+        k = l2norm(k.reshape(t, self.hk, self.dk).float())
+        v = v.reshape(t, self.hv, self.dv)
+        beta = torch.sigmoid(b)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        o, pending = verify.tree_recurrence(mode, q, k, v, g, beta, cache.state, tree, scale=self.dk**-0.5)
+        cache.pending, cache.pending_conv_inputs, cache.pending_mode = pending, mixed, mode
+        o = self.norm(o.to(x.dtype), z)
+        return self.out_proj(o.reshape(t, self.value_dim))
+
+
+class Qwen3_5ForCausalLM(CausalLM):
+    """Qwen3.5 / Qwen3.6 text, their MoE variants, and Qwen3-Next."""
+
+    def __init__(self, config: TargetConfig):
+        if not config.is_hybrid:
+            raise ValueError(f"Qwen3_5ForCausalLM cannot build model_type {config.model_type!r}")
+        fused = config.model_type == "qwen3_next"
+        layers = []
+        for i, kind in enumerate(config.layer_types):
+            if kind == "linear_attention":
+                name, mixer = "linear_attn", GatedDeltaNet(config, fused)
+            else:
+                name, mixer = "self_attn", Attention(config, i, gated=True, zero_centered_norm=True)
+            layers.append(
+                DecoderLayer(name, mixer, make_feed_forward(config, i), config.hidden_size, config.rms_norm_eps, True)
+            )
+        super().__init__(config, layers, zero_centered=True)
