@@ -202,3 +202,21 @@ def walk(tree: Tree, compiled: CompiledTree, logits: torch.Tensor, sampler: Samp
     choices = sampler.choose(logits, compiled.positions + 1).tolist()
     accepted, bonus = follow(tree, choices)
     return accepted, bonus, choices
+
+
+# ----------------------------------------------------------------------------------------------
+# the model-level oracle
+
+
+@torch.no_grad()
+def sequential_tree_logits(target, cache, tree: Tree) -> torch.Tensor:
+    """Obviously exact tree logits: decode every root-to-leaf path token by token from its own
+    copy of the committed cache. [N, V]. Slow; what tests and diagnostics compare against."""
+    logits = [None] * len(tree)
+    for leaf in tree.leaves():
+        branch = cache.clone()
+        for n in tree.path_to(leaf):
+            out = target.run_chain([tree.tokens[n]], branch)
+            if logits[n] is None:
+                logits[n] = out.logits[-1]
+    return torch.stack(logits)

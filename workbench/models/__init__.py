@@ -72,9 +72,10 @@ def load_target(
     check_against(model, sources, str(directory), ignore)
     # allocate only now that the checkpoint is known to fit; every tensor is overwritten below
     model = model.to_empty(device=device).to(dtype or default_dtype(device))
+    model.tie_weights()
     model.reset_rotary()
     load_into(model, sources, ignore + ("rotary.inv_freq",))
-    model.eval()
+    model.eval().requires_grad_(False)  # inference; training code turns gradients back on
     model.source_directory = str(directory)
     return model
 

@@ -173,6 +173,11 @@ class KVCache:
         self.v[start:end] = v
         return self.k[:end], self.v[:end]
 
+    def clone(self) -> "KVCache":
+        other = KVCache.__new__(KVCache)
+        other.k, other.v, other.length = self.k.clone(), self.v.clone(), self.length
+        return other
+
     def commit(self, path: torch.Tensor) -> None:
         """Keep the accepted rows, contiguous after the prefix."""
         start = self.length
@@ -252,6 +257,10 @@ class ModelCache:
     length: int = 0  # committed tokens
     capacity: int = 0
 
+    def clone(self) -> "ModelCache":
+        """An independent copy of the committed state (oracles, what-if comparisons)."""
+        return ModelCache([c.clone() for c in self.layers], self.length, self.capacity)
+
     def commit(self, path: list[int] | torch.Tensor) -> None:
         device = next((c.k.device for c in self.layers if isinstance(c, KVCache)), None)
         p = torch.as_tensor(path, dtype=torch.int64, device=device)
@@ -280,7 +289,11 @@ class CausalLM(nn.Module):
         inv_freq, scaling = config.inv_freq()
         self.rotary = Rotary(inv_freq, scaling)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with lm_head when the config says so (again after to_empty / casts)."""
+        if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def reset_rotary(self) -> None:

@@ -53,11 +53,18 @@ class RecurrentCache:
     """
 
     def __init__(self, heads_v, dk, dv, conv_channels, conv_width, dtype, device):
-        self.state = torch.zeros(heads_v, dk, dv, dtype=torch.float32, device=device)
+        # fp32 (fp64 for an fp64 model): the state accumulates over the whole sequence
+        self.state = torch.zeros(heads_v, dk, dv, dtype=torch.promote_types(dtype, torch.float32), device=device)
         self.conv_state = torch.zeros(conv_channels, conv_width - 1, dtype=dtype, device=device)
         self.pending: verify.PendingRecurrence | None = None
         self.pending_conv_inputs: torch.Tensor | None = None
         self.pending_mode = "fork"
+
+    def clone(self) -> "RecurrentCache":
+        other = RecurrentCache.__new__(RecurrentCache)
+        other.state, other.conv_state = self.state.clone(), self.conv_state.clone()
+        other.pending, other.pending_conv_inputs, other.pending_mode = None, None, "fork"
+        return other
 
     def commit(self, path: torch.Tensor) -> None:
         if self.pending is None:
@@ -115,8 +122,9 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.project(x)
         conv_out = verify.tree_conv(mode, mixed, cache.conv_state, self.conv1d.weight[:, 0, :], None, tree)
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = l2norm(q.reshape(t, self.hk, self.dk).float())
-        k = l2norm(k.reshape(t, self.hk, self.dk).float())
+        up = torch.promote_types(x.dtype, torch.float32)
+        q = l2norm(q.reshape(t, self.hk, self.dk).to(up))
+        k = l2norm(k.reshape(t, self.hk, self.dk).to(up))
         v = v.reshape(t, self.hv, self.dv)
         beta = torch.sigmoid(b)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)

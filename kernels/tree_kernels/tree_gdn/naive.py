@@ -16,7 +16,7 @@ Four ways to run it on a tree, all here:
     tree_gdn_paths   oracle: every root-to-leaf path as its own sequential chain
     tree_gdn_slots   serving-engine baseline: one state per node, level by level
     (unsafe = tree_gdn_fork on the flattened chain; the model layer makes that substitution)
-Everything is computed in fp32; outputs are returned in fp32.
+Everything is computed in fp32 (fp64 inputs stay fp64); outputs come back in that dtype.
 """
 
 from __future__ import annotations
@@ -62,9 +62,15 @@ def _prep(q, k, v, g, beta, scale):
             f"g {tuple(g.shape)}, beta {tuple(beta.shape)}"
         )
     scale = dk**-0.5 if scale is None else scale
-    q = _expand_heads(q.float(), hv) * scale
-    k = _expand_heads(k.float(), hv)
-    return q, k, v.float(), g.float(), beta.float()
+    up = _compute_dtype(v)
+    q = _expand_heads(q.to(up), hv) * scale
+    k = _expand_heads(k.to(up), hv)
+    return q, k, v.to(up), g.to(up), beta.to(up)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """fp32 for half types, fp64 stays fp64 (tests use it to separate maths from rounding)."""
+    return torch.promote_types(x.dtype, torch.float32)
 
 
 def tree_gdn_fork(
@@ -80,8 +86,8 @@ def tree_gdn_fork(
     """Exact tree outputs in one triangular solve per head. Returns (o [T, HV, dv], stash)."""
     q, k, v, g, beta = _prep(q, k, v, g, beta, scale)
     t = v.shape[0]
-    S0 = state.float()
-    ancf = anc.float()
+    S0 = state.to(v.dtype)
+    ancf = anc.to(v.dtype)
     G = ancf @ g  # [T, HV]: path-summed log decay
     Gh = G.t()  # [HV, T]
     diff = Gh[:, :, None] - Gh[:, None, :]  # [HV, T, T]: G_n - G_m
@@ -106,7 +112,7 @@ def tree_gdn_commit(stash: TreeGDNStash, state: torch.Tensor, path: list[int] | 
     a = path[-1]
     w = torch.exp(stash.G[a][None, :] - stash.G[path])  # [P, HV]
     upd = torch.einsum("ph,phk,phv->hkv", w, stash.k[path], stash.u[path])
-    return torch.exp(stash.G[a])[:, None, None] * state.float() + upd
+    return torch.exp(stash.G[a])[:, None, None] * state.to(upd.dtype) + upd
 
 
 def tree_gdn_node_states(stash: TreeGDNStash, state: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
@@ -115,7 +121,7 @@ def tree_gdn_node_states(stash: TreeGDNStash, state: torch.Tensor, anc: torch.Te
     diff = G[:, None, :] - G[None, :, :]  # [T(n), T(m), HV]
     w = torch.exp(torch.where(anc[:, :, None], diff, torch.full_like(diff, float("-inf"))))
     upd = torch.einsum("nmh,mhk,mhv->nhkv", w, stash.k, stash.u)
-    return torch.exp(G)[:, :, None, None] * state.float()[None] + upd
+    return torch.exp(G)[:, :, None, None] * state.to(upd.dtype)[None] + upd
 
 
 def gdn_step(S, q, k, v, g, beta):
@@ -135,7 +141,7 @@ def gdn_step(S, q, k, v, g, beta):
 def gdn_chain_sequential(q, k, v, g, beta, state, scale=None):
     """A plain chain, one token at a time (the textbook recurrence). Returns (o, states [T, ...])."""
     q, k, v, g, beta = _prep(q, k, v, g, beta, scale)
-    S = state.float()[None]
+    S = state.to(v.dtype)[None]
     outs, states = [], []
     for i in range(v.shape[0]):
         o, S = gdn_step(S, q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1])
@@ -157,8 +163,8 @@ def tree_gdn_paths(q, k, v, g, beta, state, parents, scale=None):
     q, k, v, g, beta = _prep(q, k, v, g, beta, scale)
     par = [int(p) for p in torch.as_tensor(parents).tolist()]
     t, hv, dv = v.shape
-    o_all = torch.empty(t, hv, dv, dtype=torch.float32, device=v.device)
-    s_all = torch.empty(t, hv, q.shape[-1], dv, dtype=torch.float32, device=v.device)
+    o_all = torch.empty(t, hv, dv, dtype=v.dtype, device=v.device)
+    s_all = torch.empty(t, hv, q.shape[-1], dv, dtype=v.dtype, device=v.device)
     done = [False] * t
     for leaf in _leaves(par):
         path, n = [], leaf
@@ -166,7 +172,7 @@ def tree_gdn_paths(q, k, v, g, beta, state, parents, scale=None):
             path.append(n)
             n = par[n]
         path.reverse()
-        S = state.float()[None]
+        S = state.to(v.dtype)[None]
         for n in path:
             o, S = gdn_step(S, q[n : n + 1], k[n : n + 1], v[n : n + 1], g[n : n + 1], beta[n : n + 1])
             if not done[n]:
@@ -184,13 +190,13 @@ def tree_gdn_slots(q, k, v, g, beta, state, parents, depths, scale=None):
     parents = torch.as_tensor(parents, device=v.device)
     depths = torch.as_tensor(depths, device=v.device)
     t, hv, dv = v.shape
-    o_all = torch.empty(t, hv, dv, dtype=torch.float32, device=v.device)
-    slots = torch.empty(t, hv, q.shape[-1], dv, dtype=torch.float32, device=v.device)
+    o_all = torch.empty(t, hv, dv, dtype=v.dtype, device=v.device)
+    slots = torch.empty(t, hv, q.shape[-1], dv, dtype=v.dtype, device=v.device)
     for d in range(int(depths.max()) + 1):
         nodes = torch.nonzero(depths == d).flatten()
         par = parents[nodes]
         S_parent = torch.where(
-            (par >= 0)[:, None, None, None], slots[par.clamp(min=0)], state.float()[None].expand(len(nodes), -1, -1, -1)
+            (par >= 0)[:, None, None, None], slots[par.clamp(min=0)], state.to(v.dtype)[None].expand(len(nodes), -1, -1, -1)
         )
         o, S = gdn_step(S_parent, q[nodes], k[nodes], v[nodes], g[nodes], beta[nodes])
         o_all[nodes], slots[nodes] = o, S
