@@ -191,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--block-size", type=_positive, default=8)
     r.set_defaults(func=cmd_make_random)
 
+    # training recipe (workbench/train) and notebook grids (workbench/batch) add their own commands
+    from .train.cli import add_subcommands as add_train_commands
+    from .batch import add_subcommands as add_batch_commands
+
+    add_train_commands(sub)
+    add_batch_commands(sub)
+
     d = sub.add_parser("demo", help="the main job on the bundled default (what `make demo` runs)")
     d.add_argument("--out", default="out/demo")
     d.add_argument("--quiet", action="store_true")

@@ -1,0 +1,1 @@
+"""Benchmark scripts: python -m workbench.bench.<name> writes JSON to data/results/."""

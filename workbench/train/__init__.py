@@ -1,0 +1,1 @@
+"""Training recipe for the bundled models: tokenizer, target pre-training, DFlash drafter training."""

@@ -1,0 +1,5 @@
+"""`workbench train-*` commands (filled in by the training recipe)."""
+
+
+def add_subcommands(sub) -> None:
+    pass

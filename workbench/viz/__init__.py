@@ -1,0 +1,1 @@
+"""Plotly figures and ipywidgets views built from traces."""
