@@ -75,7 +75,7 @@ def is_oracle(spec: str | None) -> bool:
 
 
 def load_dflash_drafter(spec: str | Path, target) -> DFlashDrafter:
-    model = load_dflash(resolve_model_dir(spec), target.device, target.dtype)
+    model = load_dflash(resolve_model_dir(spec), target.device, target.dtype, target.config)
     drafter = DFlashDrafter(model, target)
     drafter.name = str(spec)
     return drafter

@@ -234,6 +234,12 @@ def ancestor_bitmask(anc: torch.Tensor) -> torch.Tensor:
     """Pack each ancestor row into int64 words: bit (m % 64) of word m // 64. [N, ceil(N/64)]."""
     n = anc.shape[0]
     words = (n + 63) // 64
+    if anc.device.type == "cpu":
+        import numpy as np
+
+        packed = np.packbits(anc.numpy(), axis=1, bitorder="little")  # [N, ceil(N/8)] uint8
+        packed = np.pad(packed, ((0, 0), (0, words * 8 - packed.shape[1])))
+        return torch.from_numpy(packed.view("<i8").copy())
     padded = torch.zeros(n, words * 64, dtype=torch.int64, device=anc.device)
     padded[:, :n] = anc.to(torch.int64)
     bits = torch.ones(64, dtype=torch.int64, device=anc.device) << torch.arange(64, device=anc.device)

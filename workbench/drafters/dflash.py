@@ -226,12 +226,15 @@ class DFlashDraftModel(nn.Module):
         return self.norm(x)
 
 
-def load_dflash(directory: str | Path, device="cpu", dtype=None) -> DFlashDraftModel:
+def load_dflash(directory: str | Path, device="cpu", dtype=None, target_config=None) -> DFlashDraftModel:
+    """Load a z-lab layout drafter; with ``target_config`` the pair is checked before any tensor is read."""
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
         raise ConfigError(f"{directory}: no config.json (expected a DFlash drafter directory)")
     config = parse_dflash_config(json.loads(cfg_path.read_text()), str(cfg_path))
+    if target_config is not None:
+        check_pair(config, target_config)
     sources = group_expert_keys(read_headers(directory))
     if sources and all(k.startswith("model.") for k in sources):
         sources = {k[len("model.") :]: v for k, v in sources.items()}
