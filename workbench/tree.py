@@ -276,8 +276,12 @@ class CompiledTree:
     anc: torch.Tensor  # [N, N] bool, ancestor-or-self
     prefix_len: int
     is_chain: bool
+    # device fast path: the prefix length as a device scalar; attention then reads the whole
+    # cache buffer, masked by it, so shapes stay static across rounds (CUDA-graph capturable)
+    prefix_t: torch.Tensor | None = None
     _conv_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _bitmask: torch.Tensor | None = field(default=None, repr=False)
+    _flat: "CompiledTree | None" = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
@@ -299,17 +303,19 @@ class CompiledTree:
 
     def flattened(self) -> "CompiledTree":
         """The same tokens treated as a chain in flat order: what 'unsafe' recurrent layers see."""
-        n = self.size
-        parents = torch.arange(-1, n - 1, device=self.device)
-        return CompiledTree(
-            self.tokens,
-            parents,
-            torch.arange(n, device=self.device),
-            self.positions,
-            torch.ones(n, n, dtype=torch.bool, device=self.device).tril(),
-            self.prefix_len,
-            True,
-        )
+        if self._flat is None:
+            n = self.size
+            self._flat = CompiledTree(
+                self.tokens,
+                torch.arange(-1, n - 1, device=self.device),
+                torch.arange(n, device=self.device),
+                self.positions,
+                torch.ones(n, n, dtype=torch.bool, device=self.device).tril(),
+                self.prefix_len,
+                True,
+                self.prefix_t,
+            )
+        return self._flat
 
 
 def compile_tree(tree: Tree, prefix_len: int, device: torch.device | str = "cpu") -> CompiledTree:
@@ -368,3 +374,127 @@ def follow(tree: Tree, choices: list[int]) -> tuple[list[int], int]:
             return accepted, token
         accepted.append(child)
         node = child
+
+
+# ----------------------------------------------------------------------------------------------
+# static-shape versions for the device fast path (no Python heap, no host sync, graph-capturable)
+
+
+@dataclass
+class StaticTree:
+    """A tree of exactly ``budget + 1`` node slots as device tensors, in best-first order.
+
+    ``valid`` marks real nodes (a slot is invalid only when the draft has too few finite
+    candidates); invalid slots carry token 0 and never match a target choice.
+    """
+
+    tokens: torch.Tensor  # [N] int64
+    parents: torch.Tensor  # [N] int64, -1 for the root
+    depths: torch.Tensor  # [N] int64
+    scores: torch.Tensor  # [N] float32
+    ranks: torch.Tensor  # [N] int64, -1 for the root
+    valid: torch.Tensor  # [N] bool
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+    def to_tree(self) -> Tree:
+        """The host-side Tree (valid nodes only; for traces and tests)."""
+        keep = self.valid.cpu()
+        ids = torch.nonzero(keep).flatten().tolist()
+        remap = {old: new for new, old in enumerate(ids)}
+        par = self.parents.cpu().tolist()
+        return Tree(
+            [int(self.tokens[i]) for i in ids],
+            [-1 if par[i] < 0 else remap[par[i]] for i in ids],
+            [int(self.depths[i]) for i in ids],
+            [float(self.scores[i]) for i in ids],
+            [int(self.ranks[i]) for i in ids],
+        )
+
+
+def build_ddtree_static(draft_tokens: torch.Tensor, draft_logprobs: torch.Tensor, budget: int, root_token: torch.Tensor) -> StaticTree:
+    """The top-``budget`` prefixes with static shapes, on whatever device the draft lives.
+
+    A per-depth beam of width ``budget`` holds every prefix that can be in the global top
+    set (a prefix's parent always scores at least as high). The global selection is a stable
+    sort on score over (depth, beam) order, so ties go to the shallower prefix and every
+    selected node's parent is selected. Same nodes in the same order as :func:`build_ddtree`
+    when no scores tie (the host builder breaks ties by rank tuple instead).
+    """
+    _check_budget(budget)
+    depth, k = draft_logprobs.shape
+    device = draft_logprobs.device
+    b = budget
+    neg_inf = torch.tensor(float("-inf"), device=device)
+    logq = draft_logprobs.float()
+    # depth 1: the first b candidates (padded with -inf when k < b)
+    first = torch.full((b,), float("-inf"), device=device)
+    first[: min(b, k)] = logq[0, : min(b, k)]
+    beam_scores, beam_parent = [first], [torch.full((b,), -1, dtype=torch.int64, device=device)]
+    ranks = torch.zeros(b, dtype=torch.int64, device=device)
+    ranks[: min(b, k)] = torch.arange(min(b, k), device=device)
+    beam_rank = [ranks]
+    for d in range(1, depth):
+        cand = (beam_scores[-1][:, None] + logq[d][None, :]).reshape(-1)  # [b * k]
+        cand = torch.where(torch.isnan(cand), neg_inf, cand)
+        if cand.shape[0] < b:
+            cand = torch.cat([cand, neg_inf.expand(b - cand.shape[0])])
+        top = torch.topk(cand, b, sorted=True)
+        beam_scores.append(top.values)
+        beam_parent.append(torch.div(top.indices, k, rounding_mode="floor").clamp(max=b - 1))
+        beam_rank.append(top.indices % k)
+    scores = torch.stack(beam_scores)  # [L, b]
+    parent_beam = torch.stack(beam_parent)
+    rank = torch.stack(beam_rank)
+    flat = scores.reshape(-1)
+    # nodes in descending score, ties to the shallower prefix: the host builder's pop order
+    # (up to ties), and topological because a parent never scores below its child
+    flat_of_node = torch.sort(-flat, stable=True).indices[:b]
+    node_of = torch.zeros(depth * b, dtype=torch.int64, device=device)
+    node_of[flat_of_node] = torch.arange(1, b + 1, device=device)
+    d_of = torch.div(flat_of_node, b, rounding_mode="floor")
+    parent_flat = (d_of - 1) * b + parent_beam.reshape(-1)[flat_of_node]
+    parents = torch.where(d_of == 0, torch.zeros_like(d_of), node_of[parent_flat.clamp(min=0)])
+    tok = draft_tokens[d_of, rank.reshape(-1)[flat_of_node].clamp(max=k - 1)]
+    node_scores = flat[flat_of_node]
+    valid = torch.isfinite(node_scores)
+    root = torch.as_tensor(root_token, device=device).reshape(1).to(torch.int64)
+    return StaticTree(
+        tokens=torch.cat([root, torch.where(valid, tok, torch.zeros_like(tok))]),
+        parents=torch.cat([torch.full((1,), -1, dtype=torch.int64, device=device), parents]),
+        depths=torch.cat([torch.zeros(1, dtype=torch.int64, device=device), d_of + 1]),
+        scores=torch.cat([torch.zeros(1, device=device), torch.where(valid, node_scores, torch.zeros_like(node_scores))]),
+        ranks=torch.cat([torch.full((1,), -1, dtype=torch.int64, device=device), rank.reshape(-1)[flat_of_node]]),
+        valid=torch.cat([torch.ones(1, dtype=torch.bool, device=device), valid]),
+    )
+
+
+def build_chain_static(draft_tokens: torch.Tensor, draft_logprobs: torch.Tensor, root_token: torch.Tensor) -> StaticTree:
+    depth = draft_tokens.shape[0]
+    device = draft_tokens.device
+    ar = torch.arange(depth + 1, device=device)
+    root = torch.as_tensor(root_token, device=device).reshape(1).to(torch.int64)
+    scores = torch.cat([torch.zeros(1, device=device), torch.cumsum(draft_logprobs[:, 0].float(), 0)])
+    return StaticTree(
+        tokens=torch.cat([root, draft_tokens[:, 0]]),
+        parents=ar - 1,
+        depths=ar,
+        scores=scores,
+        ranks=torch.where(ar == 0, -1, 0),
+        valid=torch.ones(depth + 1, dtype=torch.bool, device=device),
+    )
+
+
+def static_ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """ancestor_mask with a fixed number of steps (max_depth + 1): no data-dependent loop."""
+    n = parents.shape[0]
+    anc = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
+    rows = torch.arange(n, device=parents.device)
+    cur = rows.clone()
+    for _ in range(max_depth + 1):
+        alive = cur >= 0
+        anc[rows, cur.clamp(min=0)] |= alive
+        cur = torch.where(alive, parents[cur.clamp(min=0)], cur)
+    return anc

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import tree_kernels as tk
+from tree_kernels import static as static_kernels
 from tree_kernels.tree_conv import naive as conv_naive
 from tree_kernels.tree_gdn import naive as gdn_naive
 
@@ -67,6 +68,23 @@ class _StashPending(PendingRecurrence):
             return tk.tree_gdn_commit(self.stashes[c], self.start_states[c], local)
         return tk.tree_gdn_commit(self.stashes[0], self.start_states[0], path)
 
+    def commit_static(self, path: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """``commit`` for a padded device path with ``count`` valid slots (no host sync)."""
+        slots = torch.arange(path.shape[0], device=path.device)
+        if not self.flat and len(self.stashes) == 1:
+            return static_kernels.tree_gdn_commit_padded(self.stashes[0], self.start_states[0], path, slots < count)
+        # flattened order: the state at the last node counts everything before it in flat order;
+        # every chunk proposes its candidate and the one holding the last node is taken
+        last = path.gather(0, (count - 1).reshape(1))[0]
+        candidates = []
+        for c, stash in enumerate(self.stashes):
+            n = stash.G.shape[0]
+            local = torch.arange(n, device=path.device)
+            valid = (self.starts[c] + local) <= last
+            candidates.append(static_kernels.tree_gdn_commit_padded(stash, self.start_states[c], local, valid))
+        chunk = torch.div(last, CHAIN_CHUNK, rounding_mode="floor")  # chunks start at multiples of CHAIN_CHUNK
+        return torch.stack(candidates)[chunk]
+
     def node_states(self) -> torch.Tensor:
         parts = []
         for c, stash in enumerate(self.stashes):
@@ -84,6 +102,9 @@ class _StatesPending(PendingRecurrence):
 
     def commit(self, path: list[int]) -> torch.Tensor:
         return self.states[int(path[-1])]
+
+    def commit_static(self, path: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        return self.states[path.gather(0, (count - 1).reshape(1))[0]]
 
     def node_states(self) -> torch.Tensor:
         return self.states
@@ -111,7 +132,7 @@ def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=Non
             stashes.append(stash)
             starts.append(lo)
             start_states.append(s)
-            s = tk.tree_gdn_commit(stash, s, list(range(hi - lo)))
+            s = tk.tree_gdn_commit(stash, s, torch.arange(hi - lo, device=v.device))
         return torch.cat(outs), _StashPending(stashes, start_states, starts, anc, True)
     o, stash = tk.tree_gdn_fork(q, k, v, g, beta, state, anc, scale)
     return o, _StashPending([stash], [state], [0], anc, flat)
@@ -123,6 +144,10 @@ def tree_conv(mode, x, conv_state, weight, bias, tree: CompiledTree, activation=
         return conv_naive.tree_conv1d_paths(x, conv_state, weight, bias, tree.parents, activation)
     view = tree.flattened() if mode == "unsafe" else tree
     return tk.tree_conv1d(x, conv_state, weight, bias, view.conv_table(weight.shape[-1]), activation)
+
+
+def conv_commit_static(mode: str, x, conv_state, path: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    return static_kernels.conv_commit_static(mode == "unsafe", x, conv_state, path, count)
 
 
 def conv_commit_path(mode: str, path: list[int]) -> list[int]:
@@ -146,15 +171,36 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _mix32_int(x: int) -> int:
+    """_mix32 on a Python int (the seed is mixed on the host: no tensor is created for it)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x5BD1E995) & _M32
+    return x ^ (x >> 16)
+
+
 def gumbel_noise(seed: int, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """Standard Gumbel noise [len(positions), vocab], a pure function of (seed, position, token)."""
     device = positions.device
-    s = _mix32(torch.tensor(int(seed) & _M32, dtype=torch.int64, device=device) ^ 0x2545F491)
-    h = _mix32(s ^ (positions.to(torch.int64) & _M32))  # [N]
+    s = _mix32_int((int(seed) & _M32) ^ 0x2545F491)
+    h = _mix32((positions.to(torch.int64) & _M32) ^ s)  # [N]
     ids = torch.arange(vocab, dtype=torch.int64, device=device)
     bits = _mix32(_mix32(h[:, None] ^ ids[None, :]) ^ 0x68E31DA4)
     u = (bits.double() + 0.5) / 4294967296.0  # in (0, 1), never 0 or 1
     return (-torch.log(-torch.log(u))).float()
+
+
+def hash_uniform(seed: int, *keys: torch.Tensor) -> torch.Tensor:
+    """Uniforms in (0, 1), a pure function of the seed and integer key tensors (broadcast).
+
+    Device-agnostic and graph-capturable: how the oracle drafter draws its "randomness"."""
+    h = _mix32_int((int(seed) & _M32) ^ 0x1B873593)
+    out = None
+    for key in keys:
+        x = (key.to(torch.int64) & _M32) ^ (h if out is None else out)
+        out = _mix32(_mix32(x) ^ 0x68E31DA4)
+    return (out.double() + 0.5) / 4294967296.0
 
 
 @dataclass(frozen=True)
@@ -220,3 +266,42 @@ def sequential_tree_logits(target, cache, tree: Tree) -> torch.Tensor:
             if logits[n] is None:
                 logits[n] = out.logits[-1]
     return torch.stack(logits)
+
+
+# ----------------------------------------------------------------------------------------------
+# static-shape walk for the device fast path
+
+
+def choose_static(sampler: Sampler, logits: torch.Tensor, depths: torch.Tensor, next_base: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """``Sampler.choose`` with no host sync: noise drawn for positions next_base + 0..max_depth and
+    gathered by node depth (siblings share a position, so they share the noise)."""
+    if sampler.temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    positions = next_base + torch.arange(max_depth + 1, device=logits.device)
+    noise = gumbel_noise(sampler.seed, positions, logits.shape[-1])[depths]
+    return torch.argmax(logits.float() / sampler.temperature + noise, dim=-1)
+
+
+@dataclass
+class StaticWalk:
+    path: torch.Tensor  # [max_depth + 1] node ids along the accepted path (slots past count: 0)
+    count: torch.Tensor  # [] accepted nodes including the root (1..max_depth + 1)
+    bonus: torch.Tensor  # [] the target's choice at the last accepted node
+    last: torch.Tensor  # [] the last accepted node
+
+
+def walk_static(tokens, parents, depths, valid, anc, choices, max_depth: int) -> StaticWalk:
+    """The walk as tensor ops: a node is accepted when it and all its ancestors match the
+    target's choice at their parent. Siblings carry distinct tokens, so the accepted set is a
+    path; its deepest node is the last accepted one."""
+    ok = valid & (tokens == choices[parents.clamp(min=0)])
+    ok[0] = True
+    rejected_ancestors = anc.to(torch.float32) @ (~ok).to(torch.float32)
+    accepted = rejected_ancestors == 0
+    depth_or_minus = torch.where(accepted, depths, torch.full_like(depths, -1))
+    last = torch.argmax(depth_or_minus)
+    count = depth_or_minus.max() + 1
+    slots = torch.where(accepted, depths, torch.full_like(depths, max_depth + 1))
+    path = torch.zeros(max_depth + 2, dtype=torch.int64, device=tokens.device)
+    path.scatter_(0, slots, torch.arange(tokens.shape[0], device=tokens.device))
+    return StaticWalk(path=path[: max_depth + 1], count=count, bonus=choices[last], last=last)

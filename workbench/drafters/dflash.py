@@ -145,15 +145,27 @@ class DFlashAttention(nn.Module):
         self.causal = sliding if config.is_causal is None else config.is_causal
         self.window = config.sliding_window if sliding else None
 
-    def forward(self, x, ctx, cache: KVCache, cos_q, sin_q, cos_k, sin_k, q_pos, k_pos):
+    def forward(self, x, ctx, cache: KVCache, cos_q, sin_q, cos_k, sin_k, q_pos, k_pos, static_rows=None):
         b, c = x.shape[0], ctx.shape[0]
         q = self.q_norm(self.q_proj(x).view(b, self.heads, self.head_dim))
         both = torch.cat([ctx, x], dim=0)
         k = self.k_norm(self.k_proj(both).view(c + b, self.kv_heads, self.head_dim))
         v = self.v_proj(both).view(c + b, self.kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)
-        keys, values = cache.write(cache.length, k, v)
+        if static_rows is None:
+            keys, values = cache.write(cache.length, k, v)
+        else:
+            # fast path: context rows then block rows at device offsets (the block overwrites
+            # the padding past the valid context); every row is returned and masked below
+            ctx_rows, block_rows = static_rows
+            cache.k.index_copy_(0, ctx_rows, k[:c])
+            cache.v.index_copy_(0, ctx_rows, v[:c])
+            cache.k.index_copy_(0, block_rows, k[c:])
+            cache.v.index_copy_(0, block_rows, v[c:])
+            keys, values = cache.k, cache.v
         visible = torch.ones(b, keys.shape[0], dtype=torch.bool, device=x.device)
+        if static_rows is not None:
+            visible &= k_pos[None, :] <= block_rows[-1]
         if self.causal:
             visible &= k_pos[None, :] <= q_pos[:, None]
         if self.window is not None:
@@ -179,8 +191,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=False)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=False)
 
-    def forward(self, x, ctx, cache, rope):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, cache, *rope)
+    def forward(self, x, ctx, cache, rope, static_rows=None):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, cache, *rope, static_rows=static_rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -223,6 +235,28 @@ class DFlashDraftModel(nn.Module):
         for layer, cache in zip(self.layers, caches):
             x = layer(x, ctx, cache, rope)
             cache.commit(keep)  # keep the context rows, drop the block's
+        return self.norm(x)
+
+    def forward_static(self, features, count, noise, position, caches: list[KVCache]) -> torch.Tensor:
+        """``forward`` with static shapes for the device fast path.
+
+        ``features`` [C_max, n_taps * H] holds the newly committed tokens' features in its first
+        ``count`` rows (a device scalar); ``position`` (device) is the bonus token's position.
+        Cache row j holds position j, so no separate length is kept: rows past the block are
+        simply never visible, and the next call overwrites the block's rows.
+        """
+        c = features.shape[0]
+        b = noise.shape[0]
+        ctx = self.hidden_norm(self.fc(features))
+        ctx_pos = position - count + torch.arange(c, device=noise.device)
+        blk_pos = position + torch.arange(b, device=noise.device)
+        k_pos = torch.arange(caches[0].capacity, device=noise.device)
+        cos_q, sin_q = self.rotary.cos_sin(blk_pos, noise.dtype)
+        cos_k, sin_k = self.rotary.cos_sin(torch.cat([ctx_pos, blk_pos]), noise.dtype)
+        rope = (cos_q, sin_q, cos_k, sin_k, blk_pos, k_pos)
+        x = noise
+        for layer, cache in zip(self.layers, caches):
+            x = layer(x, ctx, cache, rope, static_rows=(ctx_pos, blk_pos))
         return self.norm(x)
 
 
@@ -340,6 +374,10 @@ class DFlashDrafter:
         blk_pos = torch.arange(position, position + self.block_size, device=device)
         h = self.model(self.pending.to(noise.dtype), noise, ctx_pos, blk_pos, self.caches)
         self.pending = None
+        return self._top_k(h, k)
+
+    def _top_k(self, h: torch.Tensor, k: int) -> Draft:
+        c = self.model.config
         logits = self.target.logits_from_hidden(h[1:]).float() * c.output_multiplier
         if c.final_logit_softcapping:
             cap = c.final_logit_softcapping
@@ -347,3 +385,13 @@ class DFlashDrafter:
         logprobs = torch.log_softmax(logits, dim=-1)
         top = torch.topk(logprobs, min(k, logprobs.shape[-1]), dim=-1)
         return Draft(top.indices, top.values)
+
+    @torch.no_grad()
+    def propose_static(self, bonus: torch.Tensor, position: torch.Tensor, features: torch.Tensor, count: torch.Tensor, k: int) -> Draft:
+        """``propose`` with device inputs and static shapes (see DFlashDraftModel.forward_static)."""
+        c = self.model.config
+        block = torch.full((self.block_size,), c.mask_token_id, dtype=torch.int64, device=bonus.device)
+        block[0] = bonus
+        noise = self.target.embed(block) * c.input_embedding_scale
+        h = self.model.forward_static(features.to(noise.dtype), count, noise, position, self.caches)
+        return self._top_k(h, k)

@@ -7,9 +7,10 @@ the true token of each depth at a chosen rank:
 
     rank 0 with probability ``p``, else at rank ``rank``; absent altogether with probability ``miss``
 
-The other candidates are random tokens with decreasing random probabilities. Accepted paths
-then run through non-first siblings, which is exactly what breaks unsafe recurrent verify.
-Everything is a pure function of (seed, absolute position, depth), so runs are reproducible.
+The other candidates are distinct random tokens with decreasing random probabilities.
+Accepted paths then run through non-first siblings, which is exactly what breaks unsafe
+recurrent verify. Every draw is a hash of (seed, absolute position, depth): runs are
+reproducible, and the drafter is plain tensor code (it runs inside the device fast path too).
 
 Spec strings for the CLI: ``oracle`` or ``oracle:p=0.6,rank=2,miss=0.05,seed=1,block=16``.
 """
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..tree import Draft
+from ..verify import hash_uniform
 
 
 @dataclass
@@ -31,7 +32,7 @@ class OracleSpec:
     miss: float = 0.0
     seed: int = 0
     block: int = 16
-    spread: float = 1.0  # scale of the random log-probability gaps between ranks
+    spread: float = 1.0  # mean log-probability gap between consecutive ranks
 
     @classmethod
     def parse(cls, spec: str) -> "OracleSpec":
@@ -75,7 +76,9 @@ class OracleDrafter:
         self.reference = [int(t) for t in reference]
         self.vocab_size = int(vocab_size)
         self.block_size = self.spec.block
-        self.device = device
+        self.device = torch.device(device)
+        # the continuation, padded with -1 ("unknown") a block past its end
+        self.ref = torch.tensor(self.reference + [-1] * (self.block_size + 1), dtype=torch.int64, device=self.device)
 
     def begin(self, prompt_ids, features, max_len) -> None:
         n = len(prompt_ids)
@@ -85,32 +88,32 @@ class OracleDrafter:
     def commit(self, accepted_ids, features) -> None:
         pass
 
-    def _row(self, position: int, depth: int, k: int) -> tuple[list[int], list[float]]:
-        s = self.spec
-        rng = np.random.default_rng([s.seed, position, depth])
-        true = self.reference[position] if position < len(self.reference) else None
-        if true is not None and rng.random() < s.miss:
-            true = None
-        pool = rng.choice(self.vocab_size, size=min(self.vocab_size, k + 1), replace=False).tolist()
-        others = [t for t in pool if t != true][:k]
-        if true is not None:
-            r = 0 if rng.random() < s.p else s.rank
-            if r < k:
-                others = others[:r] + [true] + others[r : k - 1]
-            elif len(others) < k:  # a vocabulary of exactly k: the true token is the last one left
-                others = others + [true]
-        # decreasing log-probs: cumulative random gaps, renormalised over the k shown plus a rest
-        gaps = np.concatenate([[0.0], np.cumsum(rng.exponential(s.spread, size=len(others) - 1))])
-        logits = -gaps
-        probs = np.exp(logits - logits.max())
-        probs = 0.95 * probs / probs.sum()
-        return others, np.log(probs).tolist()
-
     @torch.no_grad()
-    def propose(self, bonus_token: int, position: int, k: int) -> Draft:
+    def propose(self, bonus_token, position, k: int) -> Draft:
         """Depth d predicts the token at ``position + d`` (the bonus sits at ``position``)."""
+        s = self.spec
         k = max(1, min(k, self.vocab_size))
-        rows = [self._row(position + d, d, k) for d in range(1, self.block_size)]
-        tokens = torch.tensor([r[0] for r in rows], dtype=torch.int64, device=self.device)
-        logprobs = torch.tensor([r[1] for r in rows], dtype=torch.float32, device=self.device)
-        return Draft(tokens, logprobs)
+        depth = torch.arange(1, self.block_size, device=self.device)  # [L]
+        pos = torch.as_tensor(position, device=self.device) + depth
+        true = self.ref[pos.clamp(max=self.ref.shape[0] - 1)]
+        u_rank, u_miss = hash_uniform(s.seed, pos, depth, torch.tensor(1)), hash_uniform(s.seed, pos, depth, torch.tensor(2))
+        present = (true >= 0) & (u_miss >= s.miss)
+        rank = torch.where(u_rank < s.p, 0, s.rank)
+        # k distinct random tokens other than the true one: the top-k of per-token hash scores
+        vocab = torch.arange(self.vocab_size, device=self.device)
+        noise = hash_uniform(s.seed, pos[:, None], depth[:, None], vocab[None, :] + 3)
+        noise = torch.where(vocab[None, :] == true[:, None], -1.0, noise)
+        others = torch.topk(noise, k, dim=-1).indices  # [L, k]
+        slot = torch.arange(k, device=self.device)[None, :]
+        insert = present[:, None] & (rank[:, None] < k)
+        shifted = torch.cat([others[:, :1], others[:, :-1]], dim=1)  # slot j > rank takes others[j - 1]
+        tokens = torch.where(slot < rank[:, None], others, torch.where(slot == rank[:, None], true[:, None], shifted))
+        tokens = torch.where(insert, tokens, others)
+        # decreasing log-probs: random exponential gaps, 0.95 of the mass on the k shown
+        gaps = -torch.log(hash_uniform(s.seed, pos[:, None], depth[:, None], slot + 7 + self.vocab_size)) * s.spread
+        logits = -torch.cumsum(torch.where(slot == 0, 0.0, gaps), dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1) + torch.log(torch.tensor(0.95, dtype=torch.float64))
+        return Draft(tokens, logprobs.float())
+
+    def propose_static(self, bonus, position, features, count, k: int) -> Draft:
+        return self.propose(bonus, position, k)

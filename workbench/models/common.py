@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 import tree_kernels as tk
 from torch import nn
+from tree_kernels.static import tree_attention_static
 
 from ..tree import CompiledTree, compile_chain
 from .config import TargetConfig
@@ -178,6 +179,20 @@ class KVCache:
         other.k, other.v, other.length = self.k.clone(), self.v.clone(), self.length
         return other
 
+    def write_static(self, start: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fast path: rows at a device offset; every buffer row is returned (masked by the reader)."""
+        rows = start + torch.arange(k.shape[0], device=k.device)
+        self.k.index_copy_(0, rows, k)
+        self.v.index_copy_(0, rows, v)
+        return self.k, self.v
+
+    def commit_static(self, start: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
+        """Fast path: move the (padded) path's rows after the prefix; rows past ``count`` are scratch."""
+        src = start + path
+        dst = start + torch.arange(path.shape[0], device=path.device)
+        self.k.index_copy_(0, dst, self.k[src])
+        self.v.index_copy_(0, dst, self.v[src])
+
     def commit(self, path: torch.Tensor) -> None:
         """Keep the accepted rows, contiguous after the prefix."""
         start = self.length
@@ -219,8 +234,12 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(t, self.kv_heads, self.head_dim))
         v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        keys, values = cache.write(tree.prefix_len, k, v)
-        o = tk.tree_attention(q, keys, values, tree.anc, tree.prefix_len, self.scale, tree.positions, self.window)
+        if tree.prefix_t is None:
+            keys, values = cache.write(tree.prefix_len, k, v)
+            o = tk.tree_attention(q, keys, values, tree.anc, tree.prefix_len, self.scale, tree.positions, self.window)
+        else:
+            keys, values = cache.write_static(tree.prefix_t, k, v)
+            o = tree_attention_static(q, keys, values, tree.anc, tree.prefix_t, self.scale, tree.positions, self.window)
         o = o.reshape(t, self.heads * self.head_dim)
         if self.gated:
             o = o * torch.sigmoid(gate)
@@ -260,6 +279,12 @@ class ModelCache:
     def clone(self) -> "ModelCache":
         """An independent copy of the committed state (oracles, what-if comparisons)."""
         return ModelCache([c.clone() for c in self.layers], self.length, self.capacity)
+
+    def commit_static(self, start: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
+        """Fast path: commit a padded path (``count`` valid slots) with no host sync. The caller
+        advances its device prefix length and, once it has synced, ``length``."""
+        for c in self.layers:
+            c.commit_static(start, path, count)
 
     def commit(self, path: list[int] | torch.Tensor) -> None:
         device = next((c.k.device for c in self.layers if isinstance(c, KVCache)), None)
@@ -335,7 +360,7 @@ class CausalLM(nn.Module):
 
         Attention rows and recurrent stashes are tentative until ``cache.commit(path)``.
         """
-        if tree.prefix_len != cache.length:
+        if tree.prefix_t is None and tree.prefix_len != cache.length:
             raise RuntimeError(f"tree starts at {tree.prefix_len} but the cache holds {cache.length} tokens")
         x = self.embed(tree.tokens)
         cos, sin = self.rotary.cos_sin(tree.positions, x.dtype)

@@ -66,6 +66,13 @@ class RecurrentCache:
         other.pending, other.pending_conv_inputs, other.pending_mode = None, None, "fork"
         return other
 
+    def commit_static(self, start: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
+        """Fast path: in-place commit of a padded path (no host sync, graph-capturable)."""
+        self.state.copy_(self.pending.commit_static(path, count))
+        self.conv_state.copy_(
+            verify.conv_commit_static(self.pending_mode, self.pending_conv_inputs, self.conv_state, path, count)
+        )
+
     def commit(self, path: torch.Tensor) -> None:
         if self.pending is None:
             raise RuntimeError("commit without a forward pass")

@@ -1,0 +1,64 @@
+"""Static-shape variants for the device fast path (CUDA-graph capturable: no host syncs, no
+data-dependent shapes). Same maths as the references in tree_<op>/naive.py, which they are
+tested against; the prefix length and the accepted path arrive as device tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tree_gdn.naive import TreeGDNStash
+
+
+def tree_visibility_static(anc, prefix_t, capacity: int, positions=None, window: int | None = None):
+    """[T, capacity] bool over the whole cache buffer: prefix rows, then the tree rows at prefix_t."""
+    t = anc.shape[0]
+    j = torch.arange(capacity, device=anc.device)
+    rel = j - prefix_t
+    in_tree = (rel >= 0) & (rel < t)
+    relc = rel.clamp(0, t - 1)
+    visible = (j < prefix_t)[None, :] | (anc[:, relc] & in_tree[None, :])
+    if window is not None:
+        key_pos = torch.where(in_tree, positions[relc], j)
+        visible = visible & ((positions[:, None] - key_pos[None, :]) < window)
+    return visible
+
+
+def tree_attention_static(q, k_all, v_all, anc, prefix_t, scale=None, positions=None, window=None):
+    """tree_attention over the full cache buffers [capacity, Hkv, D], masked by the device prefix length."""
+    t, hq, d = q.shape
+    cap, hkv, _ = k_all.shape
+    scale = d**-0.5 if scale is None else scale
+    group = hq // hkv
+    kf = k_all.float().repeat_interleave(group, dim=1)
+    vf = v_all.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("thd,shd->hts", q.float(), kf) * scale
+    visible = tree_visibility_static(anc, prefix_t, cap, positions, window)
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    return torch.einsum("hts,shd->thd", torch.softmax(scores, -1), vf).to(q.dtype)
+
+
+def tree_gdn_commit_padded(stash: TreeGDNStash, state, path, valid):
+    """State after the last valid slot of a padded path: exp(G_a) S0 + sum_valid exp(G_a - G_m) k_m u_m^T."""
+    count = valid.sum()
+    a = path.gather(0, (count - 1).clamp(min=0).reshape(1))[0]
+    Ga = stash.G[a]  # [HV]
+    w = torch.where(valid[:, None], torch.exp(Ga[None, :] - stash.G[path]), torch.zeros_like(stash.G[path]))
+    upd = torch.einsum("ph,phk,phv->hkv", w, stash.k[path], stash.u[path])
+    return torch.exp(Ga)[:, None, None] * state.to(upd.dtype) + upd
+
+
+def conv_commit_static(flat: bool, x, conv_state, path, count):
+    """Conv state after a padded path: the last W-1 inputs along it (or, flat, up to its last node)."""
+    keep = conv_state.shape[1]
+    if keep == 0:
+        return conv_state
+    offsets = torch.arange(keep, device=x.device)
+    if flat:
+        last = path.gather(0, (count - 1).reshape(1))[0]
+        history = torch.cat([conv_state.t(), x.to(conv_state.dtype)], dim=0)
+        rows = last + 1 + offsets
+    else:
+        history = torch.cat([conv_state.t(), x[path].to(conv_state.dtype)], dim=0)
+        rows = count + offsets
+    return history[rows].t()

@@ -1,0 +1,135 @@
+"""The device fast path (static shapes, no host syncs) against the reference engine and builders.
+
+On CPU the fast path runs eagerly; on CUDA the same steps are captured as graphs (checked on
+the GPU machine by the e2e benchmark). Everything here compares with the reference code.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_tree import random_draft
+
+from tree_kernels import static as static_kernels
+from tree_kernels.tree_attention import naive as attention
+from tree_kernels.tree_conv import naive as conv
+from tree_kernels.tree_gdn import naive as gdn
+from workbench.drafters.dflash import DFlashDrafter
+from workbench.drafters.oracle import OracleDrafter, OracleSpec
+from workbench.engine import GenerationConfig, generate
+from workbench.fastpath import FastEngine, FastPathUnsupported
+from workbench.random_models import random_dflash, random_target
+from workbench.tree import build_ddtree, build_ddtree_static, compile_tree, follow, static_ancestor_mask, ancestor_mask
+from workbench.verify import walk_static
+
+
+@settings(max_examples=80, deadline=None)
+@given(depth=st.integers(1, 6), k=st.integers(1, 8), budget=st.integers(1, 60), seed=st.integers(0, 10_000))
+def test_static_builder_equals_host_builder(depth, k, budget, seed):
+    draft = random_draft(depth, k, seed)
+    host = build_ddtree(draft, budget, 3)
+    dev = build_ddtree_static(draft.tokens, draft.logprobs, budget, torch.tensor(3)).to_tree()
+    # no ties in continuous random scores: the same nodes in the same (best-first) order
+    assert dev.tokens == host.tokens and dev.parents == host.parents and dev.ranks == host.ranks
+    assert dev.depths == host.depths
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), budget=st.integers(1, 40))
+def test_static_builder_with_ties_is_still_a_tree_of_the_right_size(seed, budget):
+    draft = random_draft(4, 5, seed, ties=True)
+    st_tree = build_ddtree_static(draft.tokens, draft.logprobs, budget, torch.tensor(0))
+    tree = st_tree.to_tree()
+    host = build_ddtree(draft, budget, 0)
+    assert len(tree) == len(host)
+    assert sorted(tree.scores) == pytest.approx(sorted(host.scores))  # same multiset of scores
+    assert all(0 <= p < n for n, p in enumerate(tree.parents) if n)
+    assert torch.equal(static_ancestor_mask(st_tree.parents, 4), ancestor_mask(st_tree.parents))
+
+
+def test_static_walk_equals_follow():
+    g = torch.Generator().manual_seed(0)
+    for seed in range(50):
+        draft = random_draft(5, 6, seed, vocab=20)
+        st_tree = build_ddtree_static(draft.tokens, draft.logprobs, 30, torch.tensor(3))
+        tree = st_tree.to_tree()
+        anc = static_ancestor_mask(st_tree.parents, 5)
+        choices = torch.randint(0, 20, (len(tree),), generator=g)
+        kids = tree.children()
+        for n in range(len(tree)):  # follow a random child most of the time
+            if kids[n] and torch.rand(1, generator=g) < 0.8:
+                choices[n] = list(kids[n])[int(torch.randint(0, len(kids[n]), (1,), generator=g))]
+        walk = walk_static(st_tree.tokens, st_tree.parents, st_tree.depths, st_tree.valid, anc, choices, 5)
+        accepted, bonus = follow(tree, choices.tolist())
+        assert walk.path[: int(walk.count)].tolist() == accepted and int(walk.bonus) == bonus
+
+
+def test_static_kernels_equal_references():
+    g = torch.Generator().manual_seed(1)
+    from trees import random_tree
+
+    tree = random_tree(20, 5, seed=3)
+    c = compile_tree(tree, 7)
+    q = torch.randn(20, 4, 16, generator=g)
+    k_all = torch.randn(40, 2, 16, generator=g)
+    v_all = torch.randn(40, 2, 16, generator=g)
+    ref = attention.tree_attention(q, k_all[:27], v_all[:27], c.anc, 7, positions=c.positions, window=5)
+    got = static_kernels.tree_attention_static(q, k_all, v_all, c.anc, torch.tensor(7), positions=c.positions, window=5)
+    assert (ref - got).abs().max() < 1e-5
+    # GDN commit from a padded path, conv commit from a padded path (and flat for unsafe)
+    qq, kk = torch.nn.functional.normalize(torch.randn(2, 20, 2, 8, generator=g), dim=-1)
+    v, gate, beta, S0 = torch.randn(20, 4, 6, generator=g), -torch.rand(20, 4, generator=g), torch.rand(20, 4, generator=g), torch.randn(4, 8, 6, generator=g)
+    _, stash = gdn.tree_gdn_fork(qq, kk, v, gate, beta, S0, c.anc)
+    path = tree.path_to(17)
+    padded = torch.tensor(path + [0] * (8 - len(path)))
+    valid = torch.arange(8) < len(path)
+    assert (static_kernels.tree_gdn_commit_padded(stash, S0, padded, valid) - gdn.tree_gdn_commit(stash, S0, path)).abs().max() < 1e-5
+    x, state = torch.randn(20, 10, generator=g), torch.randn(10, 3, generator=g)
+    count = torch.tensor(len(path))
+    assert torch.equal(static_kernels.conv_commit_static(False, x, state, padded, count), conv.tree_conv_commit(x, state, path))
+    assert torch.equal(static_kernels.conv_commit_static(True, x, state, padded, count), conv.tree_conv_commit(x, state, list(range(18))))
+
+
+def same_rounds(ref, fast):
+    assert fast.generated_ids == ref.generated_ids
+    assert [r.tree["tokens"] for r in fast.rounds] == [r.tree["tokens"] for r in ref.rounds]
+    assert [r.accepted for r in fast.rounds] == [r.accepted for r in ref.rounds]
+    assert [r.bonus for r in fast.rounds] == [r.bonus for r in ref.rounds]
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "dense"])
+def test_fast_path_equals_reference_engine_with_the_oracle(kind):
+    target = random_target(kind, seed=5, vocab_size=300, eos_token_id=None)
+    for prompt in (list(range(10, 30)), [5, 9, 1]):
+        for temperature in (0.0, 0.9):
+            ref_seq = prompt + generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=60, temperature=temperature, seed=3)).generated_ids
+            for method, budget in (("ar", 1), ("dflash", 1), ("ddtree", 24), ("ddtree", 70)):
+                for mode in ("fork", "unsafe"):
+                    drafter = OracleDrafter(ref_seq, 300, OracleSpec(p=0.5, rank=1, block=8))
+                    cfg = GenerationConfig(method=method, budget=budget, recurrent=mode, max_new_tokens=48, temperature=temperature, seed=3)
+                    same_rounds(generate(target, prompt, cfg, drafter), FastEngine(target, drafter, cfg, max_len=200).generate(prompt))
+
+
+def test_fast_path_equals_reference_engine_with_a_dflash_drafter_and_reuses_the_engine():
+    target = random_target("hybrid", seed=6, vocab_size=300, eos_token_id=None)
+    drafter = DFlashDrafter(random_dflash(target, seed=2, block_size=6), target)
+    cfg = GenerationConfig(method="ddtree", budget=16, max_new_tokens=40, trace_topk=3)
+    engine = FastEngine(target, drafter, cfg, max_len=200)
+    for prompt in ([1, 2, 3, 4], list(range(40, 70))):  # the same engine serves several prompts
+        ref = generate(target, prompt, cfg, drafter)
+        fast = engine.generate(prompt)
+        same_rounds(ref, fast)
+        assert [r.target_top_tokens for r in fast.rounds] == [r.target_top_tokens for r in ref.rounds]
+        assert [r.draft_tokens for r in fast.rounds] == [[row[:8] for row in r.draft_tokens] for r in ref.rounds]
+
+
+def test_unsupported_configurations_are_refused():
+    target = random_target("hybrid", seed=6, vocab_size=300, eos_token_id=None)
+    drafter = OracleDrafter([1, 2, 3], 300)
+    with pytest.raises(FastPathUnsupported, match="fork and unsafe"):
+        FastEngine(target, drafter, GenerationConfig(recurrent="paths"), max_len=64)
+    moe = random_target("qwen3_next", seed=1, vocab_size=300)
+    with pytest.raises(FastPathUnsupported, match="mixture-of-experts"):
+        FastEngine(moe, drafter, GenerationConfig(), max_len=64)
+    with pytest.raises(FastPathUnsupported, match="CUDA graphs need a CUDA target"):
+        FastEngine(target, drafter, GenerationConfig(), max_len=64, use_graphs=True)

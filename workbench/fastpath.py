@@ -1,0 +1,288 @@
+"""The device fast path of the round loop: static buffers, CUDA graphs, one host sync per round.
+
+Same rounds as :func:`workbench.engine.generate` (the reference it is tested against), with
+everything a round needs kept on the device:
+
+    graph "draft"   bonus, position, last round's accepted features -> per-depth top-k
+    graph "round"   top-k -> tree (static best-first) -> verify -> choices -> walk -> commit
+    host            read the walk's result (the one sync), record the trace, decide to stop
+
+Shapes are fixed per (method, budget): the tree always has ``budget + 1`` slots, attention
+reads the whole KV buffer masked by a device prefix length, commits take a padded path. On
+CUDA both steps are captured as graphs per budget bucket; elsewhere they run eagerly (same
+code), which is how the CPU tests compare this path with the reference engine.
+
+Supported: DFlash and oracle drafters (or AR) on dense and hybrid targets without MoE layers,
+modes fork and unsafe. Anything else (paths/slots, MoE routing) runs in the reference engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .engine import GenerationConfig, check_prompt
+from .trace import RoundTrace, Trace
+from .tree import CompiledTree, build_chain_static, build_ddtree_static, static_ancestor_mask
+from .verify import Sampler, check_finite, choose_static, walk_static
+
+
+class FastPathUnsupported(ValueError):
+    pass
+
+
+def check_supported(target, drafter, config: GenerationConfig) -> None:
+    if config.recurrent not in ("fork", "unsafe"):
+        raise FastPathUnsupported(f"the fast path runs recurrent modes fork and unsafe, not {config.recurrent!r}")
+    if any(target.config.is_moe_layer(i) for i in range(target.config.num_hidden_layers)):
+        raise FastPathUnsupported("the fast path does not run mixture-of-experts layers (their routing is data-dependent)")
+    if config.method != "ar" and not hasattr(drafter, "propose_static"):
+        raise FastPathUnsupported(f"the fast path needs a drafter with propose_static, not {type(drafter).__name__}")
+
+
+@dataclass
+class _Buffers:
+    """Graph inputs and outputs: persistent device tensors updated in place."""
+
+    position: torch.Tensor  # [] committed length = the bonus token's position
+    bonus: torch.Tensor  # [] this round's root
+    features: torch.Tensor  # [L + 1, n_taps * H] accepted features of the last round
+    count: torch.Tensor  # [] valid rows in features (accepted nodes incl. root)
+    draft_tokens: torch.Tensor  # [L, k]
+    draft_logprobs: torch.Tensor  # [L, k]
+    out: dict = field(default_factory=dict)  # tensors written by the round step
+
+
+class FastEngine:
+    """Generate with static shapes; CUDA graphs on CUDA (``use_graphs`` forces on/off)."""
+
+    def __init__(self, target, drafter, config: GenerationConfig, max_len: int, use_graphs: bool | None = None):
+        self.cfg = config.validate()
+        check_supported(target, drafter, config)
+        self.target = target
+        self.drafter = drafter if config.method != "ar" else None
+        self.device = target.device
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and self.device.type != "cuda":
+            raise FastPathUnsupported("CUDA graphs need a CUDA target")
+        self.sampler = Sampler(config.temperature, config.seed)
+        self.block = self.drafter.block_size if self.drafter else 1
+        self.depth = self.block - 1  # tree depth L
+        self.nodes = {"ar": 1, "dflash": self.block, "ddtree": config.budget + 1}[config.method]
+        self.k = min(target.config.vocab_size, config.budget if config.method == "ddtree" else 1)
+        self.taps = tuple(self.drafter.target_layer_ids) if self.drafter else ()
+        self.trace_k = min(self.k, config.draft_trace_k)
+        self.max_len = max_len
+        self.cache = target.new_cache(max_len + self.nodes + 2)
+        hidden = target.config.hidden_size * max(1, len(self.taps))
+        dev = self.device
+        self.buf = _Buffers(
+            position=torch.zeros((), dtype=torch.int64, device=dev),
+            bonus=torch.zeros((), dtype=torch.int64, device=dev),
+            features=torch.zeros(self.depth + 1, hidden, dtype=target.dtype, device=dev),
+            count=torch.zeros((), dtype=torch.int64, device=dev),
+            draft_tokens=torch.zeros(max(self.depth, 1), max(self.k, 1), dtype=torch.int64, device=dev),
+            draft_logprobs=torch.zeros(max(self.depth, 1), max(self.k, 1), dtype=torch.float32, device=dev),
+        )
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+
+    # -- the two steps (pure tensor code on the buffers) ---------------------------------------
+    def _draft_step(self) -> None:
+        b = self.buf
+        draft = self.drafter.propose_static(b.bonus, b.position, b.features, b.count, self.k)
+        b.draft_tokens.copy_(draft.tokens)
+        b.draft_logprobs.copy_(draft.logprobs)
+
+    def _round_step(self) -> None:
+        b, cfg = self.buf, self.cfg
+        if cfg.method == "ddtree":
+            st = build_ddtree_static(b.draft_tokens, b.draft_logprobs, cfg.budget, b.bonus)
+        elif cfg.method == "dflash":
+            st = build_chain_static(b.draft_tokens, b.draft_logprobs, b.bonus)
+        else:
+            st = build_chain_static(b.draft_tokens[:0], b.draft_logprobs[:0], b.bonus)
+        max_depth = self.depth if cfg.method != "ar" else 0
+        anc = static_ancestor_mask(st.parents, max_depth)
+        tree = CompiledTree(st.tokens, st.parents, st.depths, b.position + st.depths, anc, -1, cfg.method != "ddtree", b.position)
+        out = self.target(tree, self.cache, cfg.recurrent, self.taps)
+        choices = choose_static(self.sampler, out.logits, st.depths, b.position + 1, max_depth)
+        walk = walk_static(st.tokens, st.parents, st.depths, st.valid, anc, choices, max_depth)
+        self.cache.commit_static(b.position, walk.path, walk.count)
+        if self.taps:
+            b.features.copy_(out.taps[walk.path])
+        b.count.copy_(walk.count)
+        b.position.add_(walk.count)
+        b.bonus.copy_(walk.bonus)
+        finite = torch.isfinite(out.logits).all()
+        # everything the host reads after the round, packed into one buffer: one transfer
+        parts = [walk.count.reshape(1), walk.bonus.reshape(1), finite.reshape(1), walk.path,
+                 st.tokens, st.parents, st.depths, st.ranks, st.valid, choices, st.scores]
+        if cfg.trace_topk:
+            top = torch.topk(torch.log_softmax(out.logits.float(), -1), min(cfg.trace_topk, out.logits.shape[-1]), -1)
+            parts += [top.indices.reshape(-1), top.values.reshape(-1)]
+        if self.drafter is not None and cfg.draft_trace_k:
+            parts += [b.draft_tokens[:, : self.trace_k].reshape(-1), b.draft_logprobs[:, : self.trace_k].reshape(-1)]
+        b.out["packed"] = torch.cat([p.reshape(-1).to(torch.float64) for p in parts])
+
+    def _run(self, name: str, fn) -> None:
+        if not self.use_graphs:
+            fn()
+            return
+        graph = self.graphs.get(name)
+        if graph is None:
+            # warm up on a side stream, then capture; replays reuse the captured memory
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            saved = self._snapshot()
+            with torch.cuda.stream(stream):
+                fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            self._restore(saved)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            self._restore(saved)  # capture ran the step once: undo it, then replay for real
+            self.graphs[name] = graph
+        graph.replay()
+
+    def _snapshot(self):
+        """Everything a step mutates, so warm-up and capture leave no trace."""
+        tensors = [self.buf.position, self.buf.bonus, self.buf.features, self.buf.count, self.buf.draft_tokens, self.buf.draft_logprobs]
+        for c in self.cache.layers:
+            tensors += [c.k, c.v] if hasattr(c, "k") else [c.state, c.conv_state]
+        for c in getattr(self.drafter, "caches", []):
+            tensors += [c.k, c.v]
+        return [(t, t.clone()) for t in tensors]
+
+    @staticmethod
+    def _restore(saved) -> None:
+        for t, copy in saved:
+            t.copy_(copy)
+
+    # -- generation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompt_ids, tokenizer=None, progress=None) -> Trace:
+        cfg = self.cfg
+        prompt = check_prompt(prompt_ids, self.target)
+        if len(prompt) + cfg.max_new_tokens + self.nodes + 2 > self.cache.capacity:
+            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({cfg.max_new_tokens}) exceeds the engine's max_len {self.max_len}")
+        for c in self.cache.layers:  # a fresh generation: reset the committed state
+            if hasattr(c, "k"):
+                c.length = 0
+            else:
+                c.state.zero_()
+                c.conv_state.zero_()
+        self.cache.length = 0
+        sync = self.device.type == "cuda"
+        t0 = time.perf_counter()
+        out = self.target.run_chain(prompt, self.cache, taps=self.taps, logits="last")
+        check_finite(out.logits, "prefill", 0)
+        bonus = int(self.sampler.choose(out.logits[-1:], torch.tensor([len(prompt)], device=self.device))[0])
+        b = self.buf
+        b.position.fill_(len(prompt))
+        b.bonus.fill_(bonus)
+        if self.drafter is not None:
+            self.drafter.begin(prompt, out.taps, self.cache.capacity + self.block)
+            first = self.drafter.propose(bonus, len(prompt), self.k)  # the prompt context, eagerly, once
+            b.draft_tokens.copy_(first.tokens)
+            b.draft_logprobs.copy_(first.logprobs)
+        if sync:
+            torch.cuda.synchronize()
+        prefill_seconds = time.perf_counter() - t0
+
+        generated, rounds, stop = [bonus], [], None
+        eos = set(self.target.config.eos_token_ids) if cfg.stop_on_eos else set()
+        context = self.target.config.max_position_embeddings
+        if bonus in eos:
+            stop = "eos"
+        elif len(generated) >= cfg.max_new_tokens:
+            stop = "max_new_tokens"
+        host_seconds = 0.0
+        while stop is None:
+            position = self.cache.length
+            if position + self.block + 1 > context:
+                stop = "context"
+                break
+            h0 = time.perf_counter()
+            if self.drafter is not None and rounds:
+                self._run("draft", self._draft_step)
+            self._run("round", self._round_step)
+            h1 = time.perf_counter()
+            # the one host sync of the round: the walk's result and the trace's small arrays
+            packed = b.out["packed"].cpu().tolist()
+            h2 = time.perf_counter()
+            got = self._unpack(packed)
+            count, new_bonus = got["count"], got["bonus"]
+            if not got["finite"]:
+                raise FloatingPointError(f"round {len(rounds)}: target logits contain NaN or inf; stopping")
+            path = got["path"][:count]
+            self.cache.length = position + count
+            for c in self.cache.layers:
+                if hasattr(c, "k"):
+                    c.length = position + count
+            new_tokens = [got["tokens"][n] for n in path[1:]] + [new_bonus]
+            rounds.append(self._round_trace(len(rounds), position, bonus, path, got, {"launch": h1 - h0, "sync": h2 - h1}))
+            host_seconds += (h1 - h0) + (time.perf_counter() - h2)
+            for t in new_tokens:
+                generated.append(t)
+                if t in eos:
+                    stop = "eos"
+                    break
+                if len(generated) >= cfg.max_new_tokens:
+                    stop = "max_new_tokens"
+                    break
+            if progress:
+                progress(len(new_tokens))
+            bonus = new_bonus
+        decode_seconds = time.perf_counter() - t0 - prefill_seconds
+        settings = asdict(cfg)
+        settings.update(target=getattr(self.target, "source_directory", None), engine="fast", graphs=self.use_graphs,
+                        host_seconds=host_seconds)
+        settings["drafter"] = getattr(self.drafter, "name", None) if self.drafter is not None else None
+        return Trace(
+            prompt_ids=prompt, generated_ids=generated, rounds=rounds, settings=settings,
+            prefill_seconds=prefill_seconds, decode_seconds=decode_seconds, stop_reason=stop,
+            text=tokenizer.decode(generated) if tokenizer is not None else None,
+            prompt_text=tokenizer.decode(prompt) if tokenizer is not None else None,
+        )
+
+    def _unpack(self, packed: list[float]) -> dict:
+        n, d = self.nodes, (self.depth if self.cfg.method != "ar" else 0) + 1
+        got = {"count": int(packed[0]), "bonus": int(packed[1]), "finite": bool(packed[2])}
+        i = 3
+        for name, size, kind in (("path", d, int), ("tokens", n, int), ("parents", n, int), ("depths", n, int),
+                                 ("ranks", n, int), ("valid", n, bool), ("choices", n, int), ("scores", n, float)):
+            got[name] = [kind(x) for x in packed[i : i + size]]
+            i += size
+        if self.cfg.trace_topk:
+            k = min(self.cfg.trace_topk, self.target.config.vocab_size)
+            got["top_tokens"] = [[int(x) for x in packed[i + r * k : i + (r + 1) * k]] for r in range(n)]
+            i += n * k
+            got["top_logprobs"] = [packed[i + r * k : i + (r + 1) * k] for r in range(n)]
+            i += n * k
+        if self.drafter is not None and self.cfg.draft_trace_k:
+            k, depth = self.trace_k, self.depth
+            got["draft_tokens"] = [[int(x) for x in packed[i + r * k : i + (r + 1) * k]] for r in range(depth)]
+            i += depth * k
+            got["draft_logprobs"] = [packed[i + r * k : i + (r + 1) * k] for r in range(depth)]
+        return got
+
+    def _round_trace(self, index, position, root, path, got, timings) -> RoundTrace:
+        ids = [i for i, v in enumerate(got["valid"]) if v]
+        remap = {old: new for new, old in enumerate(ids)}
+        tree = {
+            "tokens": [got["tokens"][i] for i in ids],
+            "parents": [-1 if got["parents"][i] < 0 else remap[got["parents"][i]] for i in ids],
+            "depths": [got["depths"][i] for i in ids],
+            "scores": [got["scores"][i] for i in ids],
+            "ranks": [got["ranks"][i] for i in ids],
+        }
+        return RoundTrace(
+            index=index, prefix_len=position, root=root, tree=tree,
+            draft_tokens=got.get("draft_tokens"), draft_logprobs=got.get("draft_logprobs"),
+            target_top_tokens=[got["top_tokens"][i] for i in ids] if "top_tokens" in got else [],
+            target_top_logprobs=[got["top_logprobs"][i] for i in ids] if "top_logprobs" in got else [],
+            choices=[got["choices"][i] for i in ids], accepted=[remap[n] for n in path], bonus=got["bonus"], timings=timings,
+        )
