@@ -1,0 +1,379 @@
+"""End-to-end speed: ``python -m workbench.bench.e2e`` (meant for the GPU machine).
+
+Part 1, bundled pairs (zoo), HumanEval prompts, T=0 and T=1: tokens/s and mean acceptance for
+AR (ours), HF transformers ``generate`` (what users run today), DFlash chain, and DDTree at
+each budget with ``fork`` and ``unsafe``, all through the fast path (CUDA graphs); host
+overhead per round; the eager phase breakdown (draft / tree / verify / walk / commit) from
+the reference engine with device syncs; greedy losslessness of the fast path against AR.
+
+Part 2, Qwen3.6-27B dimensions with random bf16 weights built on the device: the AR step,
+the verify pass for 16..256 tree nodes (fork and unsafe), the draft pass of a 5-layer DFlash
+drafter; against the weight-read floor (weight bytes / measured copy bandwidth); then the
+tokens/s each budget would give with the acceptance lengths measured in part 1, labelled a
+projection.
+
+Everything runs side by side in one process and is written atomically to
+``data/results/e2e-<device>-<date>.json`` (or --out), with a table printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..engine import GenerationConfig, generate
+from ..trace import write_json_atomic
+
+RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("triton", "transformers"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception:
+            out[name] = None
+    return out
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.machine()})"
+
+
+def cuda_median_ms(fn, repeats: int = 50, warmup: int = 5) -> float:
+    """Median over repeats of one call, timed with CUDA events (synchronised host clock on CPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if torch.cuda.is_available():
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+    else:
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(nbytes: int = 4 << 30) -> float:
+    """Device-to-device copy, counting bytes read plus bytes written."""
+    if not torch.cuda.is_available():
+        return float("nan")
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = cuda_median_ms(lambda: dst.copy_(src), repeats=20, warmup=3)
+    del src, dst
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+# ----------------------------------------------------------------------------------------------
+# part 1: the bundled pairs
+
+
+def _hf_generate_tokens_per_second(directory, prompts_ids, max_new, temperature, device, dtype) -> dict:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
+    tokens = seconds = 0.0
+    for i, ids in enumerate(prompts_ids):
+        x = torch.tensor([ids], device=device)
+        kwargs = dict(max_new_tokens=max_new, min_new_tokens=max_new, do_sample=temperature > 0, pad_token_id=0)
+        if temperature > 0:
+            kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+        if i == 0:
+            model.generate(x, **kwargs)  # warm-up
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        t = time.perf_counter()
+        out = model.generate(x, **kwargs)
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        seconds += time.perf_counter() - t
+        tokens += out.shape[1] - len(ids)
+    del model
+    return {"tokens_per_second": tokens / seconds, "tokens": tokens, "seconds": seconds}
+
+
+def bench_pair(name, drafter_name, prompts, args, device) -> dict:
+    from ..fastpath import FastEngine
+    from ..runner import load_dflash_drafter, load_target_and_tokenizer
+
+    target, tokenizer = load_target_and_tokenizer(name, str(device), args.dtype)
+    drafter = load_dflash_drafter(drafter_name, target)
+    ids = [tokenizer.encode(p) for p in prompts]
+    max_len = max(len(i) for i in ids) + args.max_new_tokens + 8
+    rows = []
+    configs = [("ar", 1, "fork"), ("dflash", 1, "fork")]
+    configs += [("ddtree", b, m) for b in args.budgets for m in ("fork", "unsafe")]
+    ar_outputs = {}
+    for temperature in args.temperatures:
+        for method, budget, mode in configs:
+            cfg = GenerationConfig(method=method, budget=budget, recurrent=mode, max_new_tokens=args.max_new_tokens,
+                                   temperature=temperature, seed=0, trace_topk=0, draft_trace_k=0, stop_on_eos=False)
+            engine = FastEngine(target, drafter, cfg, max_len=max_len)
+            engine.generate(ids[0])  # warm-up: captures the graphs
+            tokens = seconds = host = 0.0
+            taus, identical, near_ties, outputs = [], 0, 0, []
+            for i, x in enumerate(ids):
+                trace = engine.generate(x)
+                tokens += len(trace.generated_ids)
+                seconds += trace.decode_seconds
+                host += trace.settings["host_seconds"]
+                taus += trace.acceptance_lengths
+                outputs.append(trace.generated_ids)
+            key = (temperature,)
+            if method == "ar":
+                ar_outputs[key] = outputs
+            else:
+                for got, ref in zip(outputs, ar_outputs[key]):
+                    identical += got == ref
+            row = {
+                "pair": name, "method": method, "budget": budget if method == "ddtree" else None, "recurrent": mode,
+                "temperature": temperature, "prompts": len(ids), "tokens": tokens,
+                "tokens_per_second": tokens / seconds, "mean_acceptance": statistics.fmean(taus),
+                "host_fraction": host / seconds, "rounds": len(taus),
+                "identical_to_ar": identical if method != "ar" else len(ids),
+            }
+            rows.append(row)
+            log(f"{name} T={temperature} {method:6s} b={budget:4d} {mode:6s}: {row['tokens_per_second']:8.1f} tok/s "
+                f"tau {row['mean_acceptance']:.2f} host {100 * row['host_fraction']:.1f}% identical {row['identical_to_ar']}/{len(ids)}")
+            del engine
+    hf = {}
+    if not args.skip_hf:
+        for temperature in args.temperatures:
+            try:
+                hf[str(temperature)] = _hf_generate_tokens_per_second(target.source_directory, ids, args.max_new_tokens, temperature, device, target.dtype)
+                log(f"{name} T={temperature} HF generate: {hf[str(temperature)]['tokens_per_second']:.1f} tok/s")
+            except Exception as exc:  # report, never hide
+                hf[str(temperature)] = {"error": repr(exc)}
+    # where the time goes: the reference engine with a device sync around every phase
+    phases = {}
+    for budget in (args.phase_budget,):
+        cfg = GenerationConfig(method="ddtree", budget=budget, max_new_tokens=args.max_new_tokens, trace_topk=0, profile=True, stop_on_eos=False)
+        totals, rounds = {}, 0
+        for x in ids[: args.phase_prompts]:
+            trace = generate(target, x, cfg, drafter)
+            for k, v in trace.phase_totals().items():
+                totals[k] = totals.get(k, 0.0) + v
+            rounds += len(trace.rounds)
+        phases[str(budget)] = {k: 1e3 * v / rounds for k, v in totals.items()}
+        log(f"{name} eager phases per round (ms), budget {budget}: " + ", ".join(f"{k} {v:.3f}" for k, v in phases[str(budget)].items()))
+    del target, drafter
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    return {"rows": rows, "hf_generate": hf, "eager_phase_ms_per_round": phases}
+
+
+# ----------------------------------------------------------------------------------------------
+# part 2: Qwen3.6-27B dimensions, random weights
+
+
+QWEN36_27B = {
+    "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
+    "num_hidden_layers": 64, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144, "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "full_attention_interval": 4,
+}
+
+
+@torch.no_grad()
+def _init_random_(module, std=0.02):
+    for name, p in module.named_parameters():
+        if name.endswith("A_log"):
+            p.uniform_(0.0, 2.7)
+        elif name.endswith("dt_bias"):
+            p.fill_(1.0)
+        elif "norm" in name:
+            p.zero_() if p.dim() == 1 and "linear_attn.norm" not in name else p.fill_(1.0)
+        else:
+            p.normal_(0.0, std)
+
+
+def bench_27b(args, device, taus_by_budget: dict) -> dict:
+    from ..drafters.dflash import DFlashDraftModel, DFlashDrafter, dflash_config_dict, parse_dflash_config
+    from ..fastpath import FastEngine
+    from ..models import build_target, parse_target_config
+
+    dtype = torch.bfloat16
+    config = parse_target_config(dict(QWEN36_27B))
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        target = build_target(config)
+    target = target.to_empty(device=device).to(dtype)
+    target.tie_weights()
+    target.reset_rotary()
+    _init_random_(target)
+    target.eval().requires_grad_(False)
+    weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    read_bytes = weight_bytes - target.model.embed_tokens.weight.numel() * 2  # decode reads one embedding row
+    layer_ids = [1, 16, 31, 46, 61]
+    draft_raw = dflash_config_dict(config, num_layers=5, target_layer_ids=layer_ids, mask_token_id=248070, block_size=16,
+                                   heads=32, kv_heads=8, head_dim=128, intermediate_size=17408)
+    with torch.device("meta"):
+        dmodel = DFlashDraftModel(parse_dflash_config(draft_raw))
+    dmodel = dmodel.to_empty(device=device).to(dtype)
+    dmodel.reset_rotary()
+    _init_random_(dmodel)
+    dmodel.eval().requires_grad_(False)
+    drafter = DFlashDrafter(dmodel, target)
+    log(f"27B dims: built {weight_bytes / 1e9:.1f} GB of bf16 weights in {time.perf_counter() - t0:.0f} s")
+    bandwidth = copy_bandwidth_gbs()
+    floor_ms = read_bytes / (bandwidth * 1e9) * 1e3
+    prefix = args.prefix
+    out = {"weight_gb": weight_bytes / 1e9, "read_gb_per_step": read_bytes / 1e9, "copy_bandwidth_gbs": bandwidth,
+           "weight_read_floor_ms": floor_ms, "prefix": prefix, "drafter_layers": 5, "verify_ms": {}, "draft_ms": {}}
+
+    def engine_for(method, budget, mode="fork"):
+        cfg = GenerationConfig(method=method, budget=budget, recurrent=mode, max_new_tokens=8, trace_topk=0, draft_trace_k=0)
+        engine = FastEngine(target, drafter, cfg, max_len=prefix + 64)
+        g = torch.Generator(device=device).manual_seed(0)
+        for c in engine.cache.layers:  # a committed prefix of random keys/values and states
+            if hasattr(c, "k"):
+                c.k.normal_(generator=g)
+                c.v.normal_(generator=g)
+                c.length = prefix
+            else:
+                c.state.normal_(generator=g).mul_(0.01)
+                c.conv_state.normal_(generator=g)
+        engine.cache.length = prefix
+        engine.buf.position.fill_(prefix)
+        engine.buf.bonus.fill_(11)
+        if engine.drafter is not None:
+            drafter.caches = dmodel.new_cache(prefix + 64)
+            for c in drafter.caches:
+                c.k.normal_(generator=g)
+                c.v.normal_(generator=g)
+            engine.buf.features.normal_(generator=g)
+            engine.buf.count.fill_(3)
+            lp = torch.log_softmax(torch.randn(engine.depth, config.vocab_size, device=device, generator=g) * 3, -1)
+            top = torch.topk(lp, engine.k, -1)
+            engine.buf.draft_tokens.copy_(top.indices)
+            engine.buf.draft_logprobs.copy_(top.values)
+        return engine
+
+    def time_step(engine, name, fn):
+        def once():
+            engine.buf.position.fill_(prefix)  # every replay verifies at the same prefix length
+            engine._run(name, fn)
+        return cuda_median_ms(once, repeats=args.repeats, warmup=3)
+
+    ar = engine_for("ar", 1)
+    out["ar_step_ms"] = time_step(ar, "round", ar._round_step)
+    out["ar_step_over_floor"] = out["ar_step_ms"] / floor_ms
+    log(f"27B dims: AR step {out['ar_step_ms']:.2f} ms, floor {floor_ms:.2f} ms ({out['ar_step_over_floor']:.2f}x)")
+    del ar
+    for budget in args.budgets_27b:
+        for mode in ("fork", "unsafe"):
+            eng = engine_for("ddtree", budget, mode)
+            ms = time_step(eng, "round", eng._round_step)
+            out["verify_ms"][f"{budget}/{mode}"] = ms
+            if mode == "fork":
+                out["draft_ms"][str(budget)] = time_step(eng, "draft", eng._draft_step)
+            log(f"27B dims: verify {budget + 1} tokens ({mode}) {ms:.2f} ms = {ms / out['ar_step_ms']:.2f}x AR step"
+                + (f"; draft {out['draft_ms'][str(budget)]:.2f} ms" if mode == "fork" else ""))
+            del eng
+            torch.cuda.empty_cache()
+    # projection from measured acceptance (part 1, hybrid pair, T=0, fork)
+    projection = {}
+    for budget in args.budgets_27b:
+        tau = taus_by_budget.get(budget)
+        if tau is None:
+            continue
+        round_ms = out["verify_ms"][f"{budget}/fork"] + out["draft_ms"][str(budget)]
+        projection[str(budget)] = {"tau": tau, "round_ms": round_ms, "tokens_per_second": 1e3 * tau / round_ms,
+                                   "speedup_over_ar": (1e3 * tau / round_ms) / (1e3 / out["ar_step_ms"])}
+    out["projection"] = {"note": "projection: 27B-dims timings x acceptance lengths measured on the bundled hybrid pair",
+                         "ar_tokens_per_second": 1e3 / out["ar_step_ms"], "by_budget": projection}
+    del target, drafter, dmodel
+    torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", default="tiny-hybrid:tiny-hybrid-dflash,tiny-dense:tiny-dense-dflash")
+    p.add_argument("--prompts", default="humaneval")
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--budgets", default="8,16,32,64,128,256")
+    p.add_argument("--budgets-27b", default="16,32,64,128,256")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--phase-budget", type=int, default=64)
+    p.add_argument("--phase-prompts", type=int, default=4)
+    p.add_argument("--prefix", type=int, default=4096)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--skip-pairs", action="store_true")
+    p.add_argument("--skip-27b", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    args.budgets = [int(b) for b in args.budgets.split(",")]
+    args.budgets_27b = [int(b) for b in args.budgets_27b.split(",")]
+    args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from ..prompts import load_prompts
+
+    result = {"benchmark": "e2e", "date": dt.datetime.now().isoformat(timespec="seconds"), "device": device_name(),
+              "versions": versions(), "statistic": "median of repeats (27B dims); totals over prompts (pairs)",
+              "settings": {k: v for k, v in vars(args).items()}, "pairs": {}}
+    taus = {}
+    if not args.skip_pairs:
+        prompts = load_prompts(args.prompts, args.n)
+        for spec in args.pairs.split(","):
+            name, drafter = spec.split(":")
+            result["pairs"][name] = bench_pair(name, drafter, prompts, args, device)
+        hybrid = next(iter(result["pairs"].values()))["rows"]
+        taus = {r["budget"]: r["mean_acceptance"] for r in hybrid if r["method"] == "ddtree" and r["recurrent"] == "fork" and r["temperature"] == 0.0}
+    if not args.skip_27b and device.type == "cuda":
+        result["qwen36_27b_dims"] = bench_27b(args, device, taus)
+    slug = device_name().lower().replace(" ", "-")
+    out = Path(args.out) if args.out else RESULTS / f"e2e-{slug}-{dt.date.today().isoformat()}.json"
+    write_json_atomic(out, result, indent=2)
+    print_table(result)
+    print(f"wrote {out}")
+    return result
+
+
+def print_table(result: dict) -> None:
+    for name, pair in result.get("pairs", {}).items():
+        ar = {r["temperature"]: r["tokens_per_second"] for r in pair["rows"] if r["method"] == "ar"}
+        print(f"\n{name}: tokens/s (speed-up over our AR), mean acceptance")
+        for r in pair["rows"]:
+            b = r["budget"] if r["budget"] is not None else "-"
+            print(f"  T={r['temperature']:.0f} {r['method']:6s} {str(b):>4s} {r['recurrent']:6s} {r['tokens_per_second']:9.1f} "
+                  f"({r['tokens_per_second'] / ar[r['temperature']]:.2f}x)  tau {r['mean_acceptance']:.2f}  host {100 * r['host_fraction']:.1f}%")
+        for t, hf in pair["hf_generate"].items():
+            if "tokens_per_second" in hf:
+                print(f"  T={float(t):.0f} HF generate           {hf['tokens_per_second']:9.1f}")
+    big = result.get("qwen36_27b_dims")
+    if big:
+        print(f"\nQwen3.6-27B dims: AR step {big['ar_step_ms']:.2f} ms = {big['ar_step_over_floor']:.2f}x the weight-read floor "
+              f"({big['weight_read_floor_ms']:.2f} ms at {big['copy_bandwidth_gbs']:.0f} GB/s)")
+        for key, ms in big["verify_ms"].items():
+            print(f"  verify {key:>12s}: {ms:7.2f} ms = {ms / big['ar_step_ms']:.2f}x AR step")
+        for budget, pr in big["projection"]["by_budget"].items():
+            print(f"  projection budget {budget}: tau {pr['tau']:.2f}, {pr['tokens_per_second']:.1f} tok/s = {pr['speedup_over_ar']:.2f}x AR")
+
+
+if __name__ == "__main__":
+    main()
