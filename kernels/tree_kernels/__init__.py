@@ -9,6 +9,8 @@ The references live in ``tree_<op>/naive.py`` and are what every kernel is teste
 
 from __future__ import annotations
 
+import torch
+
 from .backend import get_backend, set_backend, triton_available, use_backend, use_triton
 from .tree_attention import naive as attention_naive
 from .tree_conv import naive as conv_naive
@@ -30,22 +32,62 @@ __all__ = [
 ]
 
 
-def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None):
-    """Exact ancestor-masked gated delta rule. See tree_gdn/naive.py."""
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _floats(*xs) -> bool:
+    """Triton kernels take half types and fp32; fp64 (the maths tests) always stays on torch."""
+    return all(x is None or x.dtype in _FLOATS for x in xs)
+
+
+def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, **tuning):
+    """Exact ancestor-masked gated delta rule. See tree_gdn/naive.py. Returns (o fp32, stash).
+
+    ``tuning`` (Triton only): ``config={"BS": ..., "BV": ..., "num_warps": ...}``.
+    """
+    if use_triton(v) and _floats(q, k, v, g, beta, state):
+        from .tree_gdn import triton as impl
+
+        return impl.tree_gdn_fork(q, k, v, g, beta, state, anc, scale, **tuning)
     return gdn_naive.tree_gdn_fork(q, k, v, g, beta, state, anc, scale)
 
 
 def tree_gdn_commit(stash, state, path):
+    """State after the accepted node ``path[-1]`` from the fork stash (fp32 [HV, dk, dv])."""
+    if use_triton(stash.G) and _floats(stash.k, stash.u, stash.G, state):
+        from .tree_gdn import triton as impl
+
+        return impl.tree_gdn_commit(stash, state, path)
     return gdn_naive.tree_gdn_commit(stash, state, path)
 
 
-def tree_conv1d(x, conv_state, weight, bias, index, activation="silu"):
+def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", **tuning):
+    """Tree causal depthwise conv1d with the gather table (+ SiLU). See tree_conv/naive.py."""
+    if use_triton(x) and _floats(x, conv_state, weight, bias) and 2 <= weight.shape[-1] <= 4:
+        from .tree_conv import triton as impl
+
+        return impl.tree_conv1d(x, conv_state, weight, bias, index, activation, **tuning)
     return conv_naive.tree_conv1d(x, conv_state, weight, bias, index, activation)
 
 
 def tree_conv_commit(x, conv_state, path):
+    """Conv state after accepting ``path``: the last W-1 inputs along it."""
+    if use_triton(x) and _floats(x, conv_state) and 1 <= conv_state.shape[1] <= 3:
+        from .tree_conv import triton as impl
+
+        return impl.tree_conv_commit(x, conv_state, path)
     return conv_naive.tree_conv_commit(x, conv_state, path)
 
 
-def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=None):
+def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=None, *, bitmask=None, **tuning):
+    """Tree nodes over the committed prefix + their ancestors. See tree_attention/naive.py.
+
+    ``bitmask`` (optional, Triton only): the per-row int64 ancestor bitmask
+    (``workbench.tree.ancestor_bitmask``) to read instead of the bool matrix.
+    ``tuning`` (Triton only): ``num_splits=...``, ``config={...}``.
+    """
+    if use_triton(q) and _floats(q, k, v) and q.shape[-1] <= 256:
+        from .tree_attention import triton as impl
+
+        return impl.tree_attention(q, k, v, anc, prefix_len, scale, positions, window, bitmask=bitmask, **tuning)
     return attention_naive.tree_attention(q, k, v, anc, prefix_len, scale, positions, window)

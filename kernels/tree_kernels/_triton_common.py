@@ -1,0 +1,72 @@
+"""Small host-side helpers shared by the Triton tree kernels (imported only with triton).
+
+Nothing here launches a kernel: device properties, index tensors that are reused across the
+layers of one verify round (the accepted path is the same for every layer), and scratch
+buffers that persist between launches (split-K partials and arrival counters).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+_SM_COUNT: dict = {}
+_INDEX_CACHE: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+_INDEX_CACHE_SIZE = 8
+_SCRATCH: dict = {}
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the device (a nominal 132 on CPU, for interpreter runs)."""
+    if device.type != "cuda":
+        return 132
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNT[key]
+
+
+def index_tensor(values, device: torch.device) -> torch.Tensor:
+    """An int32 device tensor of ``values``, cached: every layer of a round commits the same path,
+    so the host-to-device copy happens once per round instead of once per layer."""
+    key = (str(device), tuple(int(x) for x in values))
+    t = _INDEX_CACHE.get(key)
+    if t is None:
+        t = torch.tensor(key[1], dtype=torch.int32, device=device)
+        _INDEX_CACHE[key] = t
+        if len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
+            _INDEX_CACHE.popitem(last=False)
+    else:
+        _INDEX_CACHE.move_to_end(key)
+    return t
+
+
+def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device, zero: bool = False) -> torch.Tensor:
+    """A grow-only buffer kept between launches (same stream: launches never overlap).
+
+    ``zero``: the buffer is zero-filled when (re)allocated; kernels that use it as counters
+    must leave it zero again when they finish.
+    """
+    key = (name, str(device), dtype)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        size = max(int(numel), 1024)
+        buf = torch.zeros(size, dtype=dtype, device=device) if zero else torch.empty(size, dtype=dtype, device=device)
+        _SCRATCH[key] = buf
+    return buf
+
+
+def as_last_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """Kernels take arbitrary leading strides but need unit stride in the last dimension."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 operands: 3xTF32 on tensor cores (about fp32 accuracy); half types: native (the
+    setting only matters for fp32 operands, "tf32" is Triton's default there)."""
+    return "tf32x3" if dtype == torch.float32 else "tf32"

@@ -1,0 +1,233 @@
+"""Tree gated delta rule in Triton: ``fork`` (one launch per layer) and ``commit`` (one launch).
+
+Same maths, shapes and stash as naive.py (tree-recurrence.md), per value head j:
+
+    G = anc @ g                                    path-summed log decay
+    L[n, m] = beta_n exp(G_n - G_m) k_n.k_m        m a strict ancestor of n, else 0
+    (I + L) u = beta (v - exp(G) K S0)             the triangular solve
+    o = exp(G) Q S0 + (anc . exp(G_n - G_m) . Q K^T) u
+
+fork: one program per (value head, block of BV value columns). Phase 0 writes G for the head
+into the stash. Phase 1 walks the nodes in blocks of BS rows (topological order, so block b
+only depends on blocks <= b): for block b the off-diagonal blocks c < b are applied to the
+right-hand side and the output with u_c read back from the stash, the BS x BS diagonal block
+is inverted by forward substitution in registers, u_b = inv (rhs), and u_b is stored. Any
+tree size works (the solve is blocked); T <= BS is a single block with no read-back.
+Every program of a head recomputes G and the (I + L) blocks (they only depend on k, g, beta):
+cheap next to the K S0 / Q S0 products, which are split across the value-column blocks.
+
+Where the selection happens before the exponential (never exp(..) * mask, inf * 0 = NaN),
+padded rows and columns load zeros and are masked out of every store.
+
+commit: one program per (value head, dk block, dv block):
+    S_a = exp(G_a) S0 + sum_{m in path} exp(G_a - G_m) k_m u_m^T
+with the path either a device index tensor (cached across layers) or the range 0..P-1.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton_common import as_last_contiguous, dot_precision, index_tensor, next_pow2
+from .naive import TreeGDNStash
+
+__all__ = ["tree_gdn_fork", "tree_gdn_commit", "default_config"]
+
+
+@triton.jit
+def _unit_lower_inverse(L, BS: tl.constexpr):
+    """(I + L)^-1 for a strictly lower-triangular [BS, BS] block, by forward substitution:
+    row i of the inverse is e_i - sum_{m < i} L[i, m] X[m, :] (rows m < i already final)."""
+    r = tl.arange(0, BS)
+    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for i in tl.static_range(1, BS):
+        li = tl.sum(tl.where(r[:, None] == i, L, 0.0), axis=0)  # L[i, :], indexed by column m
+        contrib = tl.sum(li[:, None] * X, axis=0)  # sum_m L[i, m] X[m, :]
+        X = tl.where(r[:, None] == i, X - contrib[None, :], X)
+    return X
+
+
+@triton.jit
+def _gdn_fork_kernel(
+    Q, K, V, Gin, Beta, S0, Anc,  # inputs
+    O, SK, SU, SG,  # outputs: o [T, HV, DV], stash k [T, HV, DK], u [T, HV, DV], G [T, HV]
+    T, R, HV, scale,
+    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, sa_n,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    j = tl.program_id(0)  # value head
+    iv = tl.program_id(1)  # block of value columns
+    hk = j // R  # the key head this value head reads
+    ar = tl.arange(0, BS)
+    offk = tl.arange(0, BK)
+    kmask = offk < DK
+    offv = iv * BV + tl.arange(0, BV)
+    vmask = offv < DV
+    nb = tl.cdiv(T, BS)
+
+    # ---- phase 0: G = anc @ g (ancestors of a block-b node lie in blocks <= b)
+    for b in range(0, nb):
+        rows = b * BS + ar
+        rm = rows < T
+        acc = tl.zeros([BS], dtype=tl.float32)
+        for c in range(0, b + 1):
+            cols = c * BS + ar
+            cm = cols < T
+            a = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0)
+            gc = tl.load(Gin + cols * sg_t + j * sg_h, mask=cm, other=0.0).to(tl.float32)
+            acc += tl.sum(tl.where(a != 0, gc[None, :], 0.0), axis=1)
+        tl.store(SG + rows * HV + j, acc, mask=rm)
+    tl.debug_barrier()
+
+    # the committed state's slice this program needs, [BK, BV]
+    s0 = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
+
+    # ---- phase 1: blocked forward substitution over the nodes
+    for b in range(0, nb):
+        rows = b * BS + ar
+        rm = rows < T
+        kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
+        vb = tl.load(V + rows[:, None] * sv_t + j * sv_h + offv[None, :], mask=rm[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+        bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
+        Gb = tl.load(SG + rows * HV + j, mask=rm, other=0.0)
+        eGb = tl.exp(Gb)
+        rhs = bb[:, None] * (vb - eGb[:, None] * tl.dot(kb, s0, input_precision=PREC))
+        ob = eGb[:, None] * tl.dot(qb, s0, input_precision=PREC)
+        for c in range(0, b):
+            cols = c * BS + ar
+            cm = cols < T
+            kc = tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            uc = tl.load(SU + cols[:, None] * (HV * DV) + j * DV + offv[None, :], mask=cm[:, None] & vmask[None, :], other=0.0)
+            Gc = tl.load(SG + cols * HV + j, mask=cm, other=0.0)
+            a = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0) != 0
+            dec = tl.exp(tl.where(a, Gb[:, None] - Gc[None, :], float("-inf")))  # select before exp
+            kct = tl.trans(kc)
+            Lbc = bb[:, None] * dec * tl.dot(kb, kct, input_precision=PREC)
+            rhs -= tl.dot(Lbc, uc, input_precision=PREC)
+            ob += tl.dot(dec * tl.dot(qb, kct, input_precision=PREC), uc, input_precision=PREC)
+        # diagonal block: anc includes self (decay 1 on the diagonal for o); L is strict
+        a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
+        dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
+        kbt = tl.trans(kb)
+        strict = a & (ar[:, None] != ar[None, :])
+        Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, kbt, input_precision=PREC), 0.0)
+        inv = _unit_lower_inverse(Lbb, BS)
+        ub = tl.dot(inv, rhs, input_precision=PREC)
+        ob += tl.dot(dec * tl.dot(qb, kbt, input_precision=PREC), ub, input_precision=PREC)
+        tl.store(SU + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ub, mask=rm[:, None] & vmask[None, :])
+        tl.store(O + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ob, mask=rm[:, None] & vmask[None, :])
+        if iv == 0:
+            tl.store(SK + rows[:, None] * (HV * DK) + j * DK + offk[None, :], kb, mask=rm[:, None] & kmask[None, :])
+        tl.debug_barrier()  # u_b is read back by later blocks (other threads of this program)
+
+
+@triton.jit(do_not_specialize=["plen", "last"])
+def _gdn_commit_kernel(
+    S0, SK, SU, SG, Path, Out,
+    plen, last, HV,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BP: tl.constexpr,
+    IS_RANGE: tl.constexpr, PREC: tl.constexpr,
+):
+    j = tl.program_id(0)
+    offk = tl.program_id(1) * BK + tl.arange(0, BK)
+    offv = tl.program_id(2) * BV + tl.arange(0, BV)
+    km = offk < DK
+    vm = offv < DV
+    Ga = tl.load(SG + last * HV + j)
+    acc = tl.exp(Ga) * tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
+    for p0 in range(0, plen, BP):
+        pp = p0 + tl.arange(0, BP)
+        pm = pp < plen
+        if IS_RANGE:
+            idx = pp
+        else:
+            idx = tl.load(Path + pp, mask=pm, other=0)
+        Gm = tl.load(SG + idx * HV + j, mask=pm, other=0.0)
+        w = tl.where(pm, tl.exp(Ga - Gm), 0.0)
+        kp = tl.load(SK + idx[:, None] * (HV * DK) + j * DK + offk[None, :], mask=pm[:, None] & km[None, :], other=0.0)
+        up = tl.load(SU + idx[:, None] * (HV * DV) + j * DV + offv[None, :], mask=pm[:, None] & vm[None, :], other=0.0)
+        acc += tl.dot(tl.trans(kp * w[:, None]), up, input_precision=PREC)
+    tl.store(Out + j * DK * DV + offk[:, None] * DV + offv[None, :], acc, mask=km[:, None] & vm[None, :])
+
+
+def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
+    """Block of nodes per solve step (BS), value columns per program (BV), warps."""
+    bs = 16 if t <= 16 else 32 if t <= 32 else 64
+    bv = min(64, max(16, next_pow2(dv)))
+    return {"BS": bs, "BV": bv, "num_warps": 4}
+
+
+def _check(q, k, v, g, beta, state, anc):
+    t, hv, dv = v.shape
+    if q.shape != k.shape or q.dim() != 3 or q.shape[0] != t or g.shape != (t, hv) or beta.shape != (t, hv):
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+            f"g {tuple(g.shape)}, beta {tuple(beta.shape)}"
+        )
+    h, dk = q.shape[1], q.shape[2]
+    if hv % h:
+        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({h})")
+    if state.shape != (hv, dk, dv) or anc.shape != (t, t):
+        raise ValueError(f"state {tuple(state.shape)} / anc {tuple(anc.shape)} do not fit T={t}, HV={hv}, dk={dk}, dv={dv}")
+
+
+def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | None = None):
+    """Exact ancestor-masked gated delta rule, one launch. Returns (o fp32 [T, HV, dv], stash)."""
+    _check(q, k, v, g, beta, state, anc)
+    t, hv, dv = v.shape
+    h, dk = q.shape[1], q.shape[2]
+    scale = dk**-0.5 if scale is None else float(scale)
+    cfg = dict(default_config(t, hv, dv, v.device), **(config or {}))
+    q, k, v = as_last_contiguous(q), as_last_contiguous(k), as_last_contiguous(v)
+    state = state.float().contiguous()
+    a8 = anc.view(torch.uint8) if anc.dtype == torch.bool else (anc != 0).to(torch.uint8)
+    a8 = as_last_contiguous(a8)
+    dev = v.device
+    o = torch.empty(t, hv, dv, dtype=torch.float32, device=dev)
+    sk = torch.empty(t, hv, dk, dtype=torch.float32, device=dev)
+    su = torch.empty(t, hv, dv, dtype=torch.float32, device=dev)
+    sg = torch.empty(t, hv, dtype=torch.float32, device=dev)
+    bk = max(16, next_pow2(dk))
+    bv = min(cfg["BV"], max(16, next_pow2(dv)))
+    grid = (hv, triton.cdiv(dv, bv))
+    _gdn_fork_kernel[grid](
+        q, k, v, g, beta, state, a8, o, sk, su, sg,
+        t, hv // h, hv, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
+        DK=dk, DV=dv, BK=bk, BV=bv, BS=cfg["BS"], PREC=dot_precision(torch.float32),
+        num_warps=cfg["num_warps"],
+    )
+    return o, TreeGDNStash(k=sk, u=su, G=sg)
+
+
+def tree_gdn_commit(stash: TreeGDNStash, state, path, *, block_k: int | None = None, block_v: int | None = None, num_warps: int = 4):
+    """State after the accepted node path[-1] from the stash, one launch. fp32 [HV, dk, dv]."""
+    t, hv, dk = stash.k.shape
+    dv = stash.u.shape[-1]
+    if isinstance(path, torch.Tensor):
+        path = path.tolist()
+    path = [int(p) for p in path]
+    if not path:
+        raise ValueError("tree_gdn_commit: empty path")
+    if state.shape != (hv, dk, dv):
+        raise ValueError(f"state {tuple(state.shape)} does not fit the stash ({hv}, {dk}, {dv})")
+    dev = stash.G.device
+    is_range = path == list(range(len(path)))
+    idx = stash.G if is_range else index_tensor(path, dev)  # any pointer when the path is 0..P-1
+    state = state.float().contiguous()
+    out = torch.empty(hv, dk, dv, dtype=torch.float32, device=dev)
+    bk = block_k or min(64, max(16, next_pow2(dk)))
+    bv = block_v or min(64, max(16, next_pow2(dv)))
+    grid = (hv, triton.cdiv(dk, bk), triton.cdiv(dv, bv))
+    _gdn_commit_kernel[grid](
+        state, stash.k.contiguous(), stash.u.contiguous(), stash.G.contiguous(), idx, out,
+        len(path), path[-1], hv,
+        DK=dk, DV=dv, BK=bk, BV=bv, BP=16 if len(path) <= 16 else 32, IS_RANGE=is_range,
+        PREC=dot_precision(torch.float32), num_warps=num_warps,
+    )
+    return out

@@ -1,0 +1,394 @@
+"""Triton tree kernels against their torch references, on CPU under TRITON_INTERPRET=1.
+
+The interpreter runs the very kernel bodies the GPU compiles (grids, masks, block loops,
+split-K tickets), with numpy arithmetic. Shapes are small so the file stays quick, but cover
+what breaks kernels: odd head counts, value/key head ratio 3, dk != dv, non-power-of-two
+dims, prefix 0 and > 0, trees of 1..256 nodes (several solve blocks), conv widths 2..4,
+sliding windows, split-K merges. Outputs are allocated NaN-poisoned so an element a kernel
+forgets to write fails the comparison.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+from trees import random_tree
+
+# The interpreter is chosen when a function is decorated, and that includes triton.language's
+# own @jit helpers (tl.zeros, tl.sum, ...), decorated when triton is first imported: so the
+# variable must be set before triton is imported at all. It is put back afterwards for the
+# rest of this process (and set again while these tests run). If something imported triton earlier, the kernels cannot be
+# interpreted here and the file re-runs itself in a fresh interpreter (see the last test).
+_IN_PROCESS = "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1"
+_MODULES = ("tree_kernels.tree_gdn.triton", "tree_kernels.tree_conv.triton", "tree_kernels.tree_attention.triton")
+_old = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    pytest.importorskip("triton")
+    for _name in _MODULES:
+        if _name in sys.modules:
+            importlib.reload(sys.modules[_name])
+        else:
+            importlib.import_module(_name)
+finally:
+    if _old is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _old
+
+import tree_kernels as tk  # noqa: E402
+from tree_kernels import _triton_common  # noqa: E402
+from tree_kernels.tree_attention import naive as attn_naive  # noqa: E402
+from tree_kernels.tree_attention import triton as attn_tr  # noqa: E402
+from tree_kernels.tree_conv import naive as conv_naive  # noqa: E402
+from tree_kernels.tree_conv import triton as conv_tr  # noqa: E402
+from tree_kernels.tree_gdn import naive as gdn_naive  # noqa: E402
+from tree_kernels.tree_gdn import triton as gdn_tr  # noqa: E402
+from workbench.tree import Tree, compile_chain, compile_tree  # noqa: E402
+
+
+class _PoisonTorch:
+    """``torch`` as the kernel wrappers see it, except that ``empty`` comes back NaN-filled."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*size, dtype=None, device=None, **kw):
+        x = torch.empty(*size, dtype=dtype, device=device, **kw)
+        return x.fill_(float("nan") if x.is_floating_point() else -7)
+
+    @staticmethod
+    def empty_like(x, **kw):
+        y = torch.empty_like(x, **kw)
+        return y.fill_(float("nan") if y.is_floating_point() else -7)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def interpret_env():
+    """The interpreter reads the variable again while it runs (lazy imports): keep it set here."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if old is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+
+
+@pytest.fixture(autouse=True)
+def poisoned(request, monkeypatch, interpret_env):
+    if not _IN_PROCESS and request.node.name != "test_file_in_a_fresh_interpreter":
+        pytest.skip("triton was imported before TRITON_INTERPRET was set: covered by the subprocess run")
+    p = _PoisonTorch()
+    for mod in (gdn_tr, conv_tr, attn_tr, _triton_common):
+        monkeypatch.setattr(mod, "torch", p)
+    _triton_common._SCRATCH.clear()  # split-K partials re-allocated poisoned
+    yield
+    _triton_common._SCRATCH.clear()
+
+
+def maxdiff(a, b):
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert torch.isfinite(a).all(), "non-finite (unwritten?) kernel output"
+    return (a.double() - b.double()).abs().max().item()
+
+
+# --------------------------------------------------------------------------------- gated delta rule
+
+GDN_TREES = [
+    (1, 1, "mixed"),
+    (2, 1, "wide"),
+    (7, 3, "mixed"),
+    (16, 16, "deep"),
+    (33, 2, "wide"),
+    (64, 16, "mixed"),
+    (100, 5, "wide"),
+    (256, 16, "mixed"),
+]
+# (key heads, value/key ratio, dk, dv)
+GDN_SHAPES = [(1, 3, 8, 12), (3, 1, 16, 8), (3, 3, 12, 20)]
+
+
+def gdn_inputs(t, h, r, dk, dv, seed, vdtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    hv = h * r
+    q = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=g), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=g), dim=-1)
+    v = torch.randn(t, hv, dv, generator=g).to(vdtype)
+    gate = -torch.rand(t, hv, generator=g) * 2.0
+    beta = torch.rand(t, hv, generator=g).to(vdtype)
+    s0 = torch.randn(hv, dk, dv, generator=g)
+    return q, k, v, gate, beta, s0
+
+
+def check_gdn(tree, shape, seed, config=None, vdtype=torch.float32, tol=2e-5):
+    c = compile_tree(tree, 0)
+    n = len(tree)
+    q, k, v, gate, beta, s0 = gdn_inputs(n, *shape, seed=seed, vdtype=vdtype)
+    o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=config)
+    o_ref, st_ref = gdn_naive.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
+    assert o.dtype == torch.float32 and st.u.dtype == torch.float32
+    assert maxdiff(o, o_ref) < tol
+    assert maxdiff(st.u, st_ref.u) < tol
+    assert maxdiff(st.G, st_ref.G) < 1e-5
+    assert maxdiff(st.k, st_ref.k) == 0.0
+    # commit: equals the reference commit and the sequential recurrence along the path
+    for node in sorted({0, n - 1, n // 2, tree.leaves()[0]}):
+        path = tree.path_to(node)
+        s = gdn_tr.tree_gdn_commit(st, s0, path)
+        assert maxdiff(s, gdn_naive.tree_gdn_commit(st_ref, s0, path)) < tol
+        if node == n - 1:
+            _, seq = gdn_naive.gdn_chain_sequential(q[path], k[path], v[path], gate[path], beta[path], s0)
+            assert maxdiff(s, seq[-1]) < 1e-4
+    return o, st
+
+
+@pytest.mark.parametrize("n,depth,shape", GDN_TREES)
+def test_gdn_fork_and_commit_match_reference(n, depth, shape):
+    tree = random_tree(n, depth, seed=n + 1, shape=shape)
+    for i, dims in enumerate(GDN_SHAPES if n <= 100 else GDN_SHAPES[:1]):
+        # BS=16: blocked solve with read-back of earlier blocks (n > 16); BV below dv: column split
+        check_gdn(tree, dims, seed=10 * n + i, config={"BS": 16, "BV": 16})
+    if n <= 64:
+        check_gdn(tree, GDN_SHAPES[2], seed=n, config=None)  # the default (GPU) configuration
+
+
+@pytest.mark.parametrize("bs", [16, 32])
+def test_gdn_block_size_does_not_change_the_result(bs):
+    tree = random_tree(70, 8, seed=4)
+    o16, _ = check_gdn(tree, (1, 3, 8, 12), seed=1, config={"BS": 16, "BV": 16})
+    o, _ = check_gdn(tree, (1, 3, 8, 12), seed=1, config={"BS": bs, "BV": 16})
+    assert maxdiff(o, o16) < 1e-5
+
+
+def test_gdn_model_dtypes():
+    """v and beta in bf16 (as the model passes them): the kernel upcasts like the reference."""
+    tree = random_tree(40, 6, seed=2)
+    check_gdn(tree, (2, 3, 16, 24), seed=3, config={"BS": 16, "BV": 16}, vdtype=torch.bfloat16)
+
+
+def test_gdn_exp_is_selected_before_the_mask():
+    tree = Tree.from_parents(list(range(6)), [-1, 0, 0, 1, 2, 2])
+    c = compile_tree(tree, 0)
+    q, k, v, gate, beta, s0 = gdn_inputs(6, 1, 3, 8, 8, seed=0)
+    gate = torch.tensor([[-1.0], [-200.0], [-0.1], [-300.0], [-0.2], [-90.0]]).expand(6, 3).contiguous()
+    o, _ = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config={"BS": 16, "BV": 16})
+    o_paths, _ = gdn_naive.tree_gdn_paths(q, k, v, gate, beta, s0, c.parents)
+    assert maxdiff(o, o_paths) < 1e-4
+
+
+def test_gdn_flattened_order_is_not_the_tree():
+    """The kernel really uses the mask: the flattened (unsafe) chain gives different outputs."""
+    tree = Tree.from_parents([1, 2, 3, 4], [-1, 0, 0, 2])
+    c = compile_tree(tree, 0)
+    q, k, v, gate, beta, s0 = gdn_inputs(4, 1, 1, 8, 8, seed=5)
+    o_tree, _ = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
+    o_flat, _ = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, c.flattened().anc)
+    o_paths, _ = gdn_naive.tree_gdn_paths(q, k, v, gate, beta, s0, c.parents)
+    assert maxdiff(o_tree, o_paths) < 1e-5
+    assert maxdiff(o_flat[2:], o_paths[2:]) > 1e-2
+
+
+def test_gdn_long_chain_through_the_verify_chunks():
+    """Prefill-style chains > 64 nodes run as chunks of 64 (fork + commit over ranges 0..P-1)."""
+    from workbench.verify import tree_recurrence
+
+    n = 150
+    q, k, v, gate, beta, s0 = gdn_inputs(n, 1, 3, 8, 12, seed=9)
+    chain = compile_chain(list(range(n)), 0)
+    with tk.use_backend("torch"):
+        o_ref, pend_ref = tree_recurrence("fork", q, k, v, gate, beta, s0, chain)
+        s_ref = pend_ref.commit(list(range(n)))
+        mid_ref = pend_ref.commit(list(range(100)))
+    with tk.use_backend("triton"):
+        o, pend = tree_recurrence("fork", q, k, v, gate, beta, s0, chain)
+        s = pend.commit(list(range(n)))
+        mid = pend.commit(list(range(100)))
+    assert maxdiff(o, o_ref) < 1e-4
+    assert maxdiff(s, s_ref) < 1e-4
+    assert maxdiff(mid, mid_ref) < 1e-4
+    _, seq = gdn_naive.gdn_chain_sequential(q, k, v, gate, beta, s0)
+    assert maxdiff(s, seq[-1]) < 1e-3
+
+
+# --------------------------------------------------------------------------------------- conv1d
+
+CONV_TREES = [(1, 1, "mixed"), (2, 1, "wide"), (7, 3, "mixed"), (16, 16, "deep"), (33, 2, "wide"), (100, 5, "wide"), (256, 16, "mixed")]
+
+
+@pytest.mark.parametrize("n,depth,shape", CONV_TREES)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_tree_conv_matches_reference(n, depth, shape, width):
+    tree = random_tree(n, depth, seed=n * width, shape=shape)
+    c = compile_tree(tree, 5)
+    g = torch.Generator().manual_seed(n + width)
+    ch = 37  # not a multiple of the channel block
+    x, state = torch.randn(n, ch, generator=g), torch.randn(ch, width - 1, generator=g)
+    w, b = torch.randn(ch, width, generator=g), torch.randn(ch, generator=g)
+    idx = c.conv_table(width)
+    y = conv_tr.tree_conv1d(x, state, w, b, idx, block_c=16)
+    assert maxdiff(y, conv_naive.tree_conv1d(x, state, w, b, idx)) < 1e-5
+    assert maxdiff(y, conv_naive.tree_conv1d_paths(x, state, w, b, c.parents)) < 1e-5
+    y_lin = conv_tr.tree_conv1d(x, state, w, None, idx, activation=None)
+    assert maxdiff(y_lin, conv_naive.tree_conv1d(x, state, w, None, idx, activation=None)) < 1e-5
+    for node in sorted({0, n - 1, n // 2, tree.leaves()[-1]}):
+        path = tree.path_to(node)
+        assert torch.equal(conv_tr.tree_conv_commit(x, state, path, block_c=16), conv_naive.tree_conv_commit(x, state, path))
+
+
+def test_tree_conv_bf16_and_strided_weight():
+    """The model passes conv1d.weight[:, 0, :] (a strided view) and bf16 activations."""
+    tree = random_tree(30, 4, seed=7)
+    c = compile_tree(tree, 3)
+    g = torch.Generator().manual_seed(3)
+    ch, width = 300, 4
+    x = torch.randn(30, ch, generator=g).bfloat16()
+    state = torch.randn(ch, width - 1, generator=g).bfloat16()
+    w3 = torch.randn(ch, 1, width, generator=g).bfloat16()
+    y = conv_tr.tree_conv1d(x, state, w3[:, 0, :], None, c.conv_table(width))
+    ref32 = conv_naive.tree_conv1d(x.float(), state.float(), w3[:, 0, :].float(), None, c.conv_table(width))
+    assert y.dtype == torch.bfloat16
+    assert maxdiff(y.float(), ref32) < 2e-2 * max(1.0, ref32.abs().max().item())
+    ref = conv_naive.tree_conv1d(x, state, w3[:, 0, :], None, c.conv_table(width))  # bf16 reference
+    assert maxdiff(y.float(), ref.float()) < 4e-2 * max(1.0, ref32.abs().max().item())
+
+
+# ------------------------------------------------------------------------------------ attention
+
+ATTN_CASES = [
+    # n, depth, shape, prefix, hq, hkv, d, window
+    (1, 1, "mixed", 0, 3, 1, 16, None),
+    (2, 1, "wide", 9, 6, 2, 24, None),
+    (7, 3, "mixed", 0, 5, 5, 16, None),
+    (16, 16, "deep", 40, 6, 2, 32, 8),
+    (33, 2, "wide", 70, 3, 1, 16, None),
+    (64, 16, "mixed", 37, 4, 2, 64, 20),
+    (100, 5, "wide", 5, 2, 1, 16, 3),
+    (256, 16, "mixed", 3, 1, 1, 16, None),
+]
+
+
+def attn_inputs(n, prefix, hq, hkv, d, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, hq, d, generator=g).to(dtype)
+    # cache rows as the model has them: a contiguous view of a larger buffer
+    kbuf = torch.randn(prefix + n + 11, hkv, d, generator=g).to(dtype)
+    vbuf = torch.randn(prefix + n + 11, hkv, d, generator=g).to(dtype)
+    return q, kbuf[: prefix + n], vbuf[: prefix + n]
+
+
+@pytest.mark.parametrize("n,depth,shape,prefix,hq,hkv,d,window", ATTN_CASES)
+def test_tree_attention_matches_reference(n, depth, shape, prefix, hq, hkv, d, window):
+    tree = random_tree(n, depth, seed=n + prefix, shape=shape)
+    c = compile_tree(tree, prefix)
+    q, k, v = attn_inputs(n, prefix, hq, hkv, d, seed=n)
+    ref = attn_naive.tree_attention(q, k, v, c.anc, prefix, 0.3, c.positions, window)
+    small = {"BLOCK_M": 16, "BLOCK_N": 16}
+    runs = [
+        dict(num_splits=1, config=small),
+        dict(num_splits=3, config=small, bitmask=c.bitmask()),
+        dict(num_splits=None, config=small),
+    ]
+    if n <= 64:
+        runs.append(dict())  # the default (GPU) configuration
+    for kw in runs:
+        o = attn_tr.tree_attention(q, k, v, c.anc, prefix, 0.3, c.positions, window, **kw)
+        assert o.dtype == q.dtype
+        assert maxdiff(o, ref) < 1e-5, kw
+        counters = _triton_common._SCRATCH[("attn_counter", "cpu", torch.int32)]
+        assert int(counters.abs().sum()) == 0  # tickets reset for the next launch
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tree_attention_half_types_and_mask_is_used(dtype):
+    tree = random_tree(24, 4, seed=1)
+    c = compile_tree(tree, 50)
+    q, k, v = attn_inputs(24, 50, 6, 2, 32, seed=2, dtype=dtype)
+    o = attn_tr.tree_attention(q, k, v, c.anc, 50, None, c.positions, None, num_splits=2, config={"BLOCK_M": 32, "BLOCK_N": 32})
+    ref = attn_naive.tree_attention(q.float(), k.float(), v.float(), c.anc, 50, None, c.positions, None)
+    assert o.dtype == dtype and maxdiff(o.float(), ref) < 2e-2
+    # a chain mask over the same block (every earlier node visible) gives other outputs
+    flat = attn_naive.tree_attention(q.float(), k.float(), v.float(), c.flattened().anc, 50, None, c.positions, None)
+    assert maxdiff(o.float(), flat) > 5e-2
+
+
+# ------------------------------------------------------------------------------------- dispatch
+
+
+def test_dispatch_follows_the_backend(monkeypatch):
+    calls = []
+
+    def spy(name, real):
+        def f(*a, **kw):
+            calls.append(name)
+            return real(*a, **kw)
+
+        return f
+
+    monkeypatch.setattr(attn_tr, "tree_attention", spy("attn", attn_tr.tree_attention))
+    monkeypatch.setattr(conv_tr, "tree_conv1d", spy("conv", conv_tr.tree_conv1d))
+    monkeypatch.setattr(gdn_tr, "tree_gdn_fork", spy("fork", gdn_tr.tree_gdn_fork))
+    tree = random_tree(5, 2, seed=0)
+    c = compile_tree(tree, 4)
+    q, k, v = attn_inputs(5, 4, 2, 1, 16, seed=0)
+    x, st, w = torch.randn(5, 8), torch.randn(8, 3), torch.randn(8, 4)
+    gq, gk, gv, gg, gb, s0 = gdn_inputs(5, 1, 2, 8, 8, seed=0)
+
+    def run_all():
+        a = tk.tree_attention(q, k, v, c.anc, 4, None, c.positions, None)
+        b = tk.tree_conv1d(x, st, w, None, c.conv_table(4))
+        o, _ = tk.tree_gdn_fork(gq, gk, gv, gg, gb, s0, c.anc)
+        return a, b, o
+
+    with tk.use_backend("auto"):  # CPU tensors: the torch references
+        ref = run_all()
+    assert calls == []
+    with tk.use_backend("triton"):
+        out = run_all()
+    assert calls == ["attn", "conv", "fork"]
+    for a, b in zip(out, ref):
+        assert maxdiff(a, b) < 1e-5
+    calls.clear()
+    with tk.use_backend("triton"):  # fp64 always stays on the reference
+        tk.tree_gdn_fork(gq.double(), gk.double(), gv.double(), gg.double(), gb.double(), s0.double(), c.anc)
+    assert calls == []
+
+
+# ------------------------------------------------------------------------------- model level
+
+
+def test_model_generation_with_triton_kernels_equals_ar():
+    """The round loop on a random hybrid target with every tree kernel forced to Triton
+    (interpreted) generates exactly what AR with the torch references generates."""
+    from workbench.drafters.oracle import OracleDrafter, OracleSpec
+    from workbench.engine import GenerationConfig, generate
+    from workbench.random_models import random_target
+
+    target = random_target("hybrid", seed=5, vocab_size=300, eos_token_id=None)
+    prompt = [5, 17, 42, 99, 3, 250, 7]
+    new = 14
+    with tk.use_backend("torch"):
+        ref = prompt + generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=new + 8, trace_topk=0)).generated_ids
+    spec = OracleSpec(p=0.5, rank=1, block=8, seed=3)
+    cfg = GenerationConfig(method="ddtree", budget=12, recurrent="fork", max_new_tokens=new, trace_topk=0)
+    with tk.use_backend("triton"):
+        trace = generate(target, prompt, cfg, OracleDrafter(ref, target.config.vocab_size, spec))
+    assert trace.generated_ids == ref[len(prompt) : len(prompt) + new]
+    assert any(r.through_sibling for r in trace.rounds)  # accepted paths leave the first chain
+
+
+def test_file_in_a_fresh_interpreter():
+    """Only when triton was imported before this module: run the whole file in a subprocess."""
+    if _IN_PROCESS:
+        return  # the tests above ran in this process
+    import subprocess
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
