@@ -133,3 +133,19 @@ def test_unsupported_configurations_are_refused():
         FastEngine(moe, drafter, GenerationConfig(), max_len=64)
     with pytest.raises(FastPathUnsupported, match="CUDA graphs need a CUDA target"):
         FastEngine(target, drafter, GenerationConfig(), max_len=64, use_graphs=True)
+
+
+@pytest.mark.slow
+def test_compiled_layers_give_the_same_generation():
+    from workbench.fastpath import compiled_layers
+
+    target = random_target("hybrid", seed=5, vocab_size=300, eos_token_id=None, num_layers=4)
+    prompt = list(range(10, 30))
+    ref_seq = prompt + generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=40)).generated_ids
+    drafter = OracleDrafter(ref_seq, 300, OracleSpec(p=0.5, rank=1, block=6))
+    cfg = GenerationConfig(method="ddtree", budget=8, max_new_tokens=24)
+    ref = generate(target, prompt, cfg, drafter)
+    with compiled_layers(target):
+        fast = FastEngine(target, drafter, cfg, max_len=100).generate(prompt)
+    same_rounds(ref, fast)
+    assert target.layer_fn is None  # restored on exit

@@ -18,6 +18,7 @@ modes fork and unsafe. Anything else (paths/slots, MoE routing) runs in the refe
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -31,6 +32,32 @@ from .verify import Sampler, check_finite, choose_static, walk_static
 
 class FastPathUnsupported(ValueError):
     pass
+
+
+@contextlib.contextmanager
+def compiled_layers(target, enabled: bool = True):
+    """Run the target's decoder layers through ``torch.compile`` (fusing the many small
+    elementwise kernels of a decode step) for the duration of the block.
+
+    One compiled function serves every layer of a kind (parameters are inputs, not
+    constants), so compile time does not grow with depth. Graph capture works on top.
+    """
+    if not enabled:
+        yield target
+        return
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    old = target.layer_fn
+    target.layer_fn = torch.compile(_call_layer, dynamic=False)
+    try:
+        yield target
+    finally:
+        target.layer_fn = old
+
+
+def _call_layer(layer, x, tree, cache, cos, sin, mode):
+    return layer(x, tree, cache, cos, sin, mode)
 
 
 def check_supported(target, drafter, config: GenerationConfig) -> None:

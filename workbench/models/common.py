@@ -315,6 +315,9 @@ class CausalLM(nn.Module):
         self.rotary = Rotary(inv_freq, scaling)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        # how a decoder layer is run: None calls it; the fast path may install a compiled
+        # function of (layer, x, tree, cache, cos, sin, mode) shared by all layers of a kind
+        self.layer_fn = None
 
     def tie_weights(self) -> None:
         """Share the embedding with lm_head when the config says so (again after to_empty / casts)."""
@@ -367,8 +370,9 @@ class CausalLM(nn.Module):
         wanted = {layer: i for i, layer in enumerate(taps)}
         captured: list[torch.Tensor | None] = [None] * len(taps)
         states = {}
+        run_layer = self.layer_fn or DecoderLayer.__call__
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
-            x = layer(x, tree, layer_cache, cos, sin, mode)
+            x = run_layer(layer, x, tree, layer_cache, cos, sin, mode)
             if i in wanted:
                 captured[wanted[i]] = x
             if record_states and hasattr(layer_cache, "pending") and layer_cache.pending is not None:
