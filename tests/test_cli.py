@@ -105,3 +105,10 @@ def test_console_script_entry_point(pair):
     out = subprocess.run([str(exe), "generate", "--target", str(target), "--prompt", "x = ", "--method", "ar",
                           "--max-new-tokens", "5", "--json", "--quiet"], capture_output=True, text=True, check=True)
     assert len(json.loads(out.stdout)["token_ids"]) == 5
+
+
+def test_budget_auto_calibrates_and_runs(pair, capsys):
+    target, drafter = pair
+    out = run_json(capsys, ["generate", "--target", str(target), "--drafter", "oracle:p=0.5,rank=1,block=8",
+                            "--prompt", "def g():\n", "--max-new-tokens", "16", "--budget", "auto"])
+    assert out["settings"]["budget"] in (8, 16, 32, 64, 128, 256)

@@ -1,12 +1,71 @@
-"""Cost-aware budget choice (``--budget auto``): not built yet.
+"""Cost-aware budget choice (``--budget auto``).
 
-It needs the measured verify-cost curve and acceptance lengths of the end-to-end benchmark
-(issue: end-to-end speed on the H200). Until then ``auto`` is refused with a clear message
-instead of guessing.
+Speed-up peaks at an intermediate budget: acceptance grows with the tree, and so does the
+verify cost. The best budget maximises tokens per second = tau(b) / round_time(b):
+
+1. if a committed end-to-end measurement (``data/results/e2e-*.json``) covers this target on
+   this device, take the budget with the highest measured DDTree (fork, T=0) tokens/s;
+2. otherwise calibrate: a short generation at each candidate budget on the user's own prompt,
+   timing whole rounds, and keep the fastest.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
 
-def auto_budget(target, drafter_spec) -> int:
-    raise ValueError("--budget auto is not available yet (it needs the verify-cost curve of the e2e benchmark); give a number")
+import torch
+
+CANDIDATES = (8, 16, 32, 64, 128, 256)
+RESULTS = Path(__file__).resolve().parent.parent / "data" / "results"
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def measured_best_budget(target, results_dir: Path = RESULTS) -> tuple[int, dict] | None:
+    """The fastest DDTree budget recorded for this target on this device, if any."""
+    name = Path(getattr(target, "source_directory", "") or "").name
+    device = _device_name(target.device)
+    best = None
+    for path in sorted(results_dir.glob("e2e-*.json")):
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if result.get("device") != device or name not in result.get("pairs", {}):
+            continue
+        rows = [r for r in result["pairs"][name]["rows"] if r["method"] == "ddtree" and r["recurrent"] == "fork" and r["temperature"] == 0]
+        if rows:
+            top = max(rows, key=lambda r: r["tokens_per_second"])
+            best = (int(top["budget"]), {"source": str(path), "table": {r["budget"]: r["tokens_per_second"] for r in rows}})
+    return best
+
+
+def calibrate_budget(target, drafter, prompt_ids, config, candidates=CANDIDATES, tokens: int = 48) -> tuple[int, dict]:
+    """Time a short generation at each candidate budget; return the fastest and the table."""
+    from .engine import generate
+    from .fastpath import FastEngine, FastPathUnsupported
+
+    table = {}
+    for budget in candidates:
+        cfg = dataclasses.replace(config, method="ddtree", budget=budget, max_new_tokens=tokens, trace_topk=0, draft_trace_k=0)
+        try:
+            engine = FastEngine(target, drafter, cfg, max_len=len(prompt_ids) + tokens + 8)
+            engine.generate(prompt_ids)  # warm-up (graph capture on CUDA)
+            trace = engine.generate(prompt_ids)
+        except FastPathUnsupported:
+            generate(target, prompt_ids, cfg, drafter)
+            trace = generate(target, prompt_ids, cfg, drafter)
+        table[budget] = trace.tokens_per_second
+    best = max(table, key=table.get)
+    return best, {"source": "calibration", "table": table}
+
+
+def auto_budget(target, drafter, prompt_ids, config) -> tuple[int, dict]:
+    found = measured_best_budget(target)
+    if found is not None:
+        return found
+    return calibrate_budget(target, drafter, prompt_ids, config)

@@ -91,12 +91,21 @@ def _drafter_spec(args):
     return args.drafter or DEFAULT_DRAFTER
 
 
-def _resolve_budget(args, target, tokenizer, drafter_spec):
+def _resolve_budget(args, target, drafter_spec, prompt_ids):
+    """A number as given; 'auto' picks the fastest budget (measured results, else a calibration)."""
     if args.budget != "auto":
         return args.budget
+    if args.method != "ddtree":
+        return 32  # only DDTree has a budget
     from .budget import auto_budget
+    from .runner import drafter_for
 
-    return auto_budget(target, drafter_spec)
+    probe = GenerationConfig(method="ddtree", temperature=args.temperature, seed=args.seed, recurrent=args.recurrent)
+    budget, info = auto_budget(target, drafter_for(drafter_spec, target, prompt_ids, probe), prompt_ids, probe)
+    if not args.quiet:
+        table = ", ".join(f"{b}: {v:.0f} tok/s" for b, v in info["table"].items())
+        print(f"--budget auto: {budget} (from {info['source']}; {table})", file=sys.stderr)
+    return budget
 
 
 def cmd_generate(args) -> int:
@@ -109,8 +118,8 @@ def cmd_generate(args) -> int:
         raise ValueError("empty prompt")
     target, tokenizer = load_target_and_tokenizer(args.target, args.device, args.dtype)
     spec = _drafter_spec(args)
-    config = _config(args, _resolve_budget(args, target, tokenizer, spec))
     ids = encode_prompt(tokenizer, prompt)
+    config = _config(args, _resolve_budget(args, target, spec, ids))
     update, close = _progress(config.max_new_tokens, "generate", args.quiet)
     try:
         trace = run_prompt(target, tokenizer, spec, ids, config, update)
@@ -138,7 +147,8 @@ def cmd_audit(args) -> int:
     prompts = load_prompts(args.prompts, args.n)
     target, tokenizer = load_target_and_tokenizer(args.target, args.device, args.dtype)
     spec = _drafter_spec(args)
-    config = _config(args, _resolve_budget(args, target, tokenizer, spec))
+    first = prompts[0] if isinstance(prompts[0], list) else tokenizer.encode(prompts[0]) if tokenizer else [0]
+    config = _config(args, _resolve_budget(args, target, spec, first))
     update, close = _progress(len(prompts), f"audit {config.method}/{config.recurrent}", args.quiet)
     try:
         report = audit(target, tokenizer, spec, prompts, config, update)

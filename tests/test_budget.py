@@ -1,0 +1,29 @@
+"""--budget auto: a committed measurement wins; otherwise a calibration picks the fastest."""
+
+import json
+
+from workbench.budget import calibrate_budget, measured_best_budget
+from workbench.drafters.oracle import OracleDrafter, OracleSpec
+from workbench.engine import GenerationConfig, generate
+from workbench.random_models import random_target
+
+
+def test_measured_results_pick_the_fastest_budget(tmp_path):
+    target = random_target("hybrid", seed=1, vocab_size=200)
+    target.source_directory = str(tmp_path / "tiny-x")
+    rows = [{"method": "ddtree", "recurrent": "fork", "temperature": 0.0, "budget": b, "tokens_per_second": tps}
+            for b, tps in ((8, 100.0), (32, 180.0), (64, 150.0))]
+    rows.append({"method": "ddtree", "recurrent": "unsafe", "temperature": 0.0, "budget": 128, "tokens_per_second": 999.0})
+    (tmp_path / "e2e-cpu-x.json").write_text(json.dumps({"device": "cpu", "pairs": {"tiny-x": {"rows": rows}}}))
+    best, info = measured_best_budget(target, tmp_path)
+    assert best == 32 and info["table"][64] == 150.0
+    (tmp_path / "e2e-cpu-x.json").write_text(json.dumps({"device": "NVIDIA H200", "pairs": {"tiny-x": {"rows": rows}}}))
+    assert measured_best_budget(target, tmp_path) is None  # another device's numbers do not apply
+
+
+def test_calibration_times_every_candidate():
+    target = random_target("hybrid", seed=2, vocab_size=200, eos_token_id=None)
+    prompt = [1, 2, 3, 4, 5]
+    ref = prompt + generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=40)).generated_ids
+    best, info = calibrate_budget(target, OracleDrafter(ref, 200, OracleSpec(block=6)), prompt, GenerationConfig(), candidates=(4, 16), tokens=16)
+    assert set(info["table"]) == {4, 16} and best in (4, 16) and all(v > 0 for v in info["table"].values())
