@@ -13,3 +13,5 @@ fi
 "$VENV/bin/python" -m pip install -q -r env/requirements-torch-cpu.txt
 "$VENV/bin/python" -m pip install -q -e ".[${EXTRAS}]"
 "$VENV/bin/python" -c "import torch, transformers, tree_kernels, workbench; print('env ok: torch', torch.__version__, 'transformers', transformers.__version__)"
+# the system chromium for figure export (make demo / make test also run this and stop if apt fails)
+bash env/install-chromium.sh || echo "warning: chromium could not be installed; static figure export will not work" >&2

@@ -271,33 +271,57 @@ def _isnan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
-def acceptance_histogram(data, by: tuple[str, ...] = ("method", "budget", "recurrent"), title: str | None = None) -> go.Figure:
-    """Acceptance-length histograms (fraction of rounds), one bar series per group.
+def acceptance_histogram(data, title: str | None = None) -> go.Figure:
+    """Acceptance-length histograms (fraction of rounds), one bar series per configuration.
 
     ``data``: a dict ``{label: [acceptance lengths]}``, or benchmark rows with an
-    ``acceptance_lengths`` list column (AR rows, all 1, are left out).
+    ``acceptance_lengths`` list column (AR rows, all 1, are left out); rows get one panel per
+    recurrent mode, the DFlash chain in grey and DDTree budgets from light to dark.
     """
+    panels: dict[str, dict[str, list[int]]] = {}
+    colours: dict[str, str] = {}
     if isinstance(data, dict):
-        groups = {str(k): list(v) for k, v in data.items()}
+        panels[""] = {str(k): [int(x) for x in v] for k, v in data.items()}
     else:
         df = _frame(data)
         df = df[df["method"] != "ar"]
-        groups = {}
+        if df.empty:
+            raise ValueError("no drafted runs (only AR) to histogram")
+        budgets = sorted(int(b) for b in df.loc[df["method"] == "ddtree", "budget"].dropna().unique())
+        temps = sorted(df["temperature"].unique())
         for _, row in df.iterrows():
-            label = config_label(row) if by == ("method", "budget", "recurrent") else " ".join(f"{k}={row[k]}" for k in by)
-            groups.setdefault(label, []).extend(int(x) for x in row["acceptance_lengths"])
-    fig = go.Figure()
-    for label, lengths in groups.items():
-        if not lengths:
-            continue
-        c = Counter(lengths)
-        xs = sorted(c)
-        fig.add_trace(go.Bar(x=xs, y=[c[x] / len(lengths) for x in xs], name=f"{label} (τ={sum(lengths) / len(lengths):.2f})",
-                             customdata=[c[x] for x in xs], hovertemplate="length %{x}: %{y:.1%} (%{customdata} rounds)"))
+            m = row["method"]
+            label = "dflash chain" if m == "dflash" else f"ddtree b={int(row['budget'])}" if m == "ddtree" else m
+            if len(temps) > 1:
+                label += f" T={row['temperature']:g}"
+            panels.setdefault(str(row["recurrent"]), {}).setdefault(label, []).extend(int(x) for x in row["acceptance_lengths"])
+            if m == "ddtree" and budgets:
+                from plotly.colors import sample_colorscale
+
+                pos = budgets.index(int(row["budget"])) / max(1, len(budgets) - 1)
+                colours[label] = sample_colorscale("Viridis", [0.85 - 0.75 * pos])[0]
+            elif m == "dflash":
+                colours[label] = "#9e9e9e"
+    names = list(panels)
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.12 if len(names) > 1 else 0.05,
+                        subplot_titles=[f"recurrent mode: {n}" for n in names] if names != [""] else None)
+    for i, panel in enumerate(names, 1):
+        for label, lengths in panel_items(panels[panel]):
+            c = Counter(lengths)
+            xs = sorted(c)
+            fig.add_trace(go.Bar(x=xs, y=[c[x] / len(lengths) for x in xs], name=f"{label}{' · ' + panel if len(names) > 1 else ''} (τ={sum(lengths) / len(lengths):.2f})",
+                                 legendgroup=label, marker_color=colours.get(label), customdata=[c[x] for x in xs],
+                                 hovertemplate=f"{_esc(label)}<br>length %{{x}}: %{{y:.1%}} (%{{customdata}} rounds)<extra>{_esc(panel)}</extra>"),
+                          row=i, col=1)
+        fig.update_yaxes(title_text="fraction of rounds", tickformat=".0%", row=i, col=1)
+    fig.update_xaxes(title_text="tokens committed per round (accepted + bonus)", dtick=1, row=len(names), col=1)
     fig.update_layout(template=TEMPLATE, barmode="group", title=title or "Acceptance length per round",
-                      xaxis={"title": "tokens committed per round (accepted + bonus)", "dtick": 1},
-                      yaxis={"title": "fraction of rounds", "tickformat": ".0%"}, height=420, width=860)
+                      height=140 + 280 * len(names), width=900)
     return fig
+
+
+def panel_items(groups: dict[str, list[int]]):
+    return [(k, v) for k, v in groups.items() if v]
 
 
 def _budget_lines(df, value: str, ylabel: str, title: str, reference_methods=("ar", "dflash")) -> go.Figure:
