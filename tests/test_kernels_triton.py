@@ -142,6 +142,8 @@ def check_gdn(tree, shape, seed, config=None, vdtype=torch.float32, tol=2e-5):
         path = tree.path_to(node)
         s = gdn_tr.tree_gdn_commit(st, s0, path)
         assert maxdiff(s, gdn_naive.tree_gdn_commit(st_ref, s0, path)) < tol
+        # a device index tensor (the accepted node is read in the kernel: no host sync)
+        assert maxdiff(gdn_tr.tree_gdn_commit(st, s0, torch.tensor(path)), s) < 1e-6
         if node == n - 1:
             _, seq = gdn_naive.gdn_chain_sequential(q[path], k[path], v[path], gate[path], beta[path], s0)
             assert maxdiff(s, seq[-1]) < 1e-4
@@ -238,7 +240,11 @@ def test_tree_conv_matches_reference(n, depth, shape, width):
     assert maxdiff(y_lin, conv_naive.tree_conv1d(x, state, w, None, idx, activation=None)) < 1e-5
     for node in sorted({0, n - 1, n // 2, tree.leaves()[-1]}):
         path = tree.path_to(node)
-        assert torch.equal(conv_tr.tree_conv_commit(x, state, path, block_c=16), conv_naive.tree_conv_commit(x, state, path))
+        ref = conv_naive.tree_conv_commit(x, state, path)
+        assert torch.equal(conv_tr.tree_conv_commit(x, state, path, block_c=16), ref)
+        assert torch.equal(conv_tr.tree_conv_commit(x, state, torch.tensor(path, dtype=torch.int32), block_c=16), ref)
+    chain = list(range(min(n, 3)))  # the range fast case (no index tensor), short and long
+    assert torch.equal(conv_tr.tree_conv_commit(x, state, chain), conv_naive.tree_conv_commit(x, state, chain))
 
 
 def test_tree_conv_bf16_and_strided_weight():

@@ -32,18 +32,40 @@ def sm_count(device: torch.device) -> int:
 
 
 def index_tensor(values, device: torch.device) -> torch.Tensor:
-    """An int32 device tensor of ``values``, cached: every layer of a round commits the same path,
+    """An int64 device tensor of ``values``, cached: every layer of a round commits the same path,
     so the host-to-device copy happens once per round instead of once per layer."""
     key = (str(device), tuple(int(x) for x in values))
     t = _INDEX_CACHE.get(key)
     if t is None:
-        t = torch.tensor(key[1], dtype=torch.int32, device=device)
+        t = torch.tensor(key[1], dtype=torch.int64, device=device)
         _INDEX_CACHE[key] = t
         if len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
             _INDEX_CACHE.popitem(last=False)
     else:
         _INDEX_CACHE.move_to_end(key)
     return t
+
+
+def path_operand(path, device: torch.device) -> tuple[torch.Tensor | None, int, bool]:
+    """(device index tensor or None, length, is the range 0..P-1) for a commit path.
+
+    Device tensors are used as they are (no host sync: the kernels read the last node
+    themselves); host lists become a cached device tensor, or nothing when they are 0..P-1.
+    """
+    if isinstance(path, torch.Tensor):
+        if path.dim() != 1 or path.numel() == 0:
+            raise ValueError(f"commit path must be a non-empty 1-d tensor, got shape {tuple(path.shape)}")
+        if path.device != device:
+            path = path.to(device)
+        if path.dtype not in (torch.int32, torch.int64):
+            path = path.to(torch.int64)
+        return path.contiguous(), path.numel(), False
+    path = [int(p) for p in path]
+    if not path:
+        raise ValueError("commit path is empty")
+    if path == list(range(len(path))):
+        return None, len(path), True
+    return index_tensor(path, device), len(path), False
 
 
 def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device, zero: bool = False) -> torch.Tensor:

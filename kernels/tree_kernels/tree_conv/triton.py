@@ -3,8 +3,8 @@
 Same semantics as naive.py. conv: one program per (block of nodes, block of channels); tap w of
 node n reads ``x[idx[n, w]]`` when the index is a node, else column ``idx + W - 1`` of the
 committed conv state; products and the sum in fp32, one rounding to x's dtype at the end.
-commit: one launch; the W-1 sources of the new state are resolved on the host (they are at most
-three integers: a node of the path or a column of the old state) and passed as scalars.
+commit: one launch; new column j is input P + j of cat([conv_state columns, x[path]]) (P = path
+length, known on the host): an old state column, or x at a path node read from the index tensor.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import as_last_contiguous, next_pow2
+from .._triton_common import as_last_contiguous, next_pow2, path_operand
 
 __all__ = ["tree_conv1d", "tree_conv_commit", "MAX_COMMIT_WIDTH"]
 
@@ -48,26 +48,23 @@ def _tree_conv_kernel(
     tl.store(Y + rows[:, None] * sy_t + cols[None, :], acc.to(Y.dtype.element_ty), mask=rm[:, None] & cm[None, :])
 
 
-@triton.jit(do_not_specialize=["src0", "src1", "src2"])
+@triton.jit(do_not_specialize=["plen"])
 def _conv_commit_kernel(
-    X, CS, Out, C, sx_t, scs_c, scs_w,
-    src0, src1, src2,
-    KEEP: tl.constexpr, BC: tl.constexpr,
+    X, CS, Path, Out, C, plen, sx_t, scs_c, scs_w,
+    KEEP: tl.constexpr, BC: tl.constexpr, IS_RANGE: tl.constexpr,
 ):
     cols = tl.program_id(0) * BC + tl.arange(0, BC)
     cm = cols < C
     for j in tl.static_range(KEEP):
-        if j == 0:
-            s = src0
-        elif j == 1:
-            s = src1
-        else:
-            s = src2
-        # s >= 0: node s of the tree block; s < 0: column -(s + 1) of the old conv state
-        if s >= 0:
-            val = tl.load(X + s * sx_t + cols, mask=cm, other=0.0).to(Out.dtype.element_ty)
-        else:
-            val = tl.load(CS + cols * scs_c + (-(s + 1)) * scs_w, mask=cm, other=0.0).to(Out.dtype.element_ty)
+        pos = plen + j  # position in cat([conv_state columns, x[path]])
+        if pos >= KEEP:  # an input of the path
+            if IS_RANGE:
+                node = pos - KEEP
+            else:
+                node = tl.load(Path + (pos - KEEP)).to(tl.int32)
+            val = tl.load(X + node * sx_t + cols, mask=cm, other=0.0).to(Out.dtype.element_ty)
+        else:  # the path is shorter than the window: an old state column
+            val = tl.load(CS + cols * scs_c + pos * scs_w, mask=cm, other=0.0).to(Out.dtype.element_ty)
         tl.store(Out + cols * KEEP + j, val, mask=cm)
 
 
@@ -103,30 +100,20 @@ def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", *, block_
     return y
 
 
-def commit_sources(path: list[int], keep: int) -> list[int]:
-    """Where each of the ``keep`` new state columns comes from: a node id (>= 0) or -(col + 1)."""
-    p = len(path)
-    out = []
-    for j in range(keep):
-        pos = p + j  # position in cat([conv_state columns, x[path]])
-        out.append(-(pos + 1) if pos < keep else int(path[pos - keep]))
-    return out
-
-
 def tree_conv_commit(x, conv_state, path, *, block_c: int = 1024, num_warps: int = 4):
-    """Conv state after accepting ``path`` (the last W-1 inputs along it), one launch."""
+    """Conv state after accepting ``path`` (the last W-1 inputs along it), one launch.
+
+    ``path``: a host list (copied once and cached: every layer of a round commits the same
+    path) or a device tensor (no host sync)."""
     keep = conv_state.shape[1]
     if not 1 <= keep <= MAX_COMMIT_WIDTH - 1:
         raise ValueError(f"tree_conv_commit (triton): conv state of {keep} columns is not supported")
-    if isinstance(path, torch.Tensor):
-        path = path.tolist()
-    path = [int(p) for p in path]
-    src = commit_sources(path, keep) + [0] * (3 - keep)
     x = as_last_contiguous(x)
+    idx, plen, is_range = path_operand(path, x.device)
     c = conv_state.shape[0]
     out = torch.empty(c, keep, dtype=conv_state.dtype, device=conv_state.device)
     _conv_commit_kernel[(triton.cdiv(c, block_c),)](
-        x, conv_state, out, c, x.stride(0), conv_state.stride(0), conv_state.stride(1),
-        src[0], src[1], src[2], KEEP=keep, BC=block_c, num_warps=num_warps,
+        x, conv_state, idx if idx is not None else x, out, c, plen, x.stride(0), conv_state.stride(0), conv_state.stride(1),
+        KEEP=keep, BC=block_c, IS_RANGE=is_range, num_warps=num_warps,
     )
     return out

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import as_last_contiguous, dot_precision, index_tensor, next_pow2
+from .._triton_common import as_last_contiguous, dot_precision, next_pow2, path_operand
 from .naive import TreeGDNStash
 
 __all__ = ["tree_gdn_fork", "tree_gdn_commit", "default_config"]
@@ -125,10 +125,10 @@ def _gdn_fork_kernel(
         tl.debug_barrier()  # u_b is read back by later blocks (other threads of this program)
 
 
-@triton.jit(do_not_specialize=["plen", "last"])
+@triton.jit(do_not_specialize=["plen"])
 def _gdn_commit_kernel(
     S0, SK, SU, SG, Path, Out,
-    plen, last, HV,
+    plen, HV,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BP: tl.constexpr,
     IS_RANGE: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -137,6 +137,10 @@ def _gdn_commit_kernel(
     offv = tl.program_id(2) * BV + tl.arange(0, BV)
     km = offk < DK
     vm = offv < DV
+    if IS_RANGE:
+        last = plen - 1
+    else:
+        last = tl.load(Path + plen - 1).to(tl.int32)  # the accepted node (no host sync for device paths)
     Ga = tl.load(SG + last * HV + j)
     acc = tl.exp(Ga) * tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
     for p0 in range(0, plen, BP):
@@ -209,25 +213,19 @@ def tree_gdn_commit(stash: TreeGDNStash, state, path, *, block_k: int | None = N
     """State after the accepted node path[-1] from the stash, one launch. fp32 [HV, dk, dv]."""
     t, hv, dk = stash.k.shape
     dv = stash.u.shape[-1]
-    if isinstance(path, torch.Tensor):
-        path = path.tolist()
-    path = [int(p) for p in path]
-    if not path:
-        raise ValueError("tree_gdn_commit: empty path")
     if state.shape != (hv, dk, dv):
         raise ValueError(f"state {tuple(state.shape)} does not fit the stash ({hv}, {dk}, {dv})")
     dev = stash.G.device
-    is_range = path == list(range(len(path)))
-    idx = stash.G if is_range else index_tensor(path, dev)  # any pointer when the path is 0..P-1
+    idx, plen, is_range = path_operand(path, dev)
     state = state.float().contiguous()
     out = torch.empty(hv, dk, dv, dtype=torch.float32, device=dev)
     bk = block_k or min(64, max(16, next_pow2(dk)))
     bv = block_v or min(64, max(16, next_pow2(dv)))
     grid = (hv, triton.cdiv(dk, bk), triton.cdiv(dv, bv))
     _gdn_commit_kernel[grid](
-        state, stash.k.contiguous(), stash.u.contiguous(), stash.G.contiguous(), idx, out,
-        len(path), path[-1], hv,
-        DK=dk, DV=dv, BK=bk, BV=bv, BP=16 if len(path) <= 16 else 32, IS_RANGE=is_range,
+        state, stash.k.contiguous(), stash.u.contiguous(), stash.G.contiguous(), idx if idx is not None else stash.G, out,
+        plen, hv,
+        DK=dk, DV=dv, BK=bk, BV=bv, BP=16 if plen <= 16 else 32, IS_RANGE=is_range,
         PREC=dot_precision(torch.float32), num_warps=num_warps,
     )
     return out
