@@ -1,0 +1,564 @@
+"""Tree-verify kernels at Qwen3.6-27B dims, side by side: ``python -m workbench.bench.kernels``.
+
+Per tree size (16 / 64 / 128 nodes, a DDTree-shaped tree), prefix 4096, bf16, one layer:
+
+- tree GDN: the Triton fork + commit; the torch reference fork; the per-node-slot baseline
+  (torch ``tree_gdn_slots`` and the bare copy of T states it implies); fla's
+  ``chunk_gated_delta_rule`` and ``fused_recurrent_gated_delta_rule`` on a chain of T tokens
+  (when fla-core is importable).
+- tree attention: Triton; the torch reference; SDPA with a bool mask; SDPA decode of one query.
+- tree conv1d (10240 channels, width 4): Triton conv + commit; the torch references.
+
+Timings are medians of ``triton.testing.do_bench`` (it flushes L2 before every call, so inputs
+come from HBM as they would inside a real forward); ``graph_ms`` repeats the Triton kernels
+inside a CUDA graph (no host launch overhead, L2 not flushed). Every bf16 kernel output is
+compared with an fp32 reference on the same inputs (max abs error, and relative to max |ref|).
+Then greedy losslessness on the GPU: a random bf16 hybrid target, the oracle drafter, DDTree +
+fork with the Triton kernels against AR; each divergence is checked for a near-tie of the top-2
+logits. Results: data/results/kernels-<device>-<date>.json (written atomically, also after each
+section so a cut-short run keeps what it measured) and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import platform
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..trace import write_json_atomic
+
+RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
+
+# Qwen3.6-27B per-layer dims
+GDN = dict(h=16, hv=48, dk=128, dv=128)
+ATTN = dict(hq=24, hkv=4, d=256)
+CONV = dict(c=10240, w=4)
+TARGETS_MS = {"gdn": 0.05, "attention": 0.08, "conv": 0.02}
+ISSUE_BASELINES_MS = {"fla_chunk_64": 0.53, "fla_fused_recurrent_64": 0.12, "slot_copy_floor_64": 0.10,
+                      "sdpa_bool_mask_64": 0.44, "sdpa_decode_1": 0.06}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.machine()})"
+
+
+def device_slug() -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in device_name().lower()).strip("-")
+
+
+# ----------------------------------------------------------------------------------- timing
+
+
+def median_ms(fn, rep_ms: int) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, return_mode="median"))
+
+
+def graph_ms(fn, rep_ms: int) -> float | None:
+    import triton.testing
+
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
+    except Exception as exc:  # some baselines cannot be captured
+        log(f"    (graph timing failed: {type(exc).__name__}: {exc})")
+        return None
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Measured device copy bandwidth (read + write) in GB/s."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), 200)
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def err(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    d = (out.double() - ref.double()).abs().max().item()
+    scale = ref.double().abs().max().item()
+    return {"max_abs": d, "max_rel": d / scale if scale else None, "ref_max": scale, "finite": bool(torch.isfinite(out).all())}
+
+
+def timed(name: str, row: dict, fn, rep_ms: int, graph: bool = False) -> None:
+    try:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        row[name] = median_ms(fn, rep_ms)
+        row[name + "_first_call_s"] = first
+        if graph:
+            row[name + "_graph"] = graph_ms(fn, rep_ms)
+    except Exception as exc:
+        row[name] = None
+        row[name + "_error"] = f"{type(exc).__name__}: {exc}"
+        log(f"    {name} failed: {type(exc).__name__}: {exc}")
+
+
+# ----------------------------------------------------------------------------------- inputs
+
+
+def make_tree(n: int, seed: int = 0):
+    from ..tree import Draft, build_ddtree
+
+    g = torch.Generator().manual_seed(seed)
+    logp = torch.log_softmax(torch.randn(15, 4096, generator=g) * 2.0, -1)
+    top = torch.topk(logp, max(1, n - 1), dim=-1)
+    tree = build_ddtree(Draft(top.indices, top.values), max(1, n - 1), 0)
+    return tree
+
+
+def deepest_path(tree) -> list[int]:
+    node = max(range(len(tree)), key=lambda i: tree.depths[i])
+    return tree.path_to(node)
+
+
+def gdn_inputs(t: int, dev, seed: int = 0):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    h, hv, dk, dv = GDN["h"], GDN["hv"], GDN["dk"], GDN["dv"]
+    q = F.normalize(torch.randn(t, h, dk, device=dev, generator=g), dim=-1)
+    k = F.normalize(torch.randn(t, h, dk, device=dev, generator=g), dim=-1)
+    v = torch.randn(t, hv, dv, device=dev, generator=g).bfloat16()
+    gate = -torch.rand(t, hv, device=dev, generator=g) * 0.5 - 0.01
+    beta = torch.rand(t, hv, device=dev, generator=g).bfloat16()
+    s0 = torch.randn(hv, dk, dv, device=dev, generator=g) * 0.1
+    return q, k, v, gate, beta, s0
+
+
+# ----------------------------------------------------------------------------------- sections
+
+
+def bench_gdn(t: int, rep: int, fla) -> dict:
+    import tree_kernels.tree_gdn.triton as tg
+    from tree_kernels.tree_gdn import naive
+
+    from ..tree import compile_tree
+
+    dev = torch.device("cuda")
+    tree = make_tree(t)
+    c = compile_tree(tree, 4096, dev)
+    q, k, v, gate, beta, s0 = gdn_inputs(t, dev)
+    path = deepest_path(tree)
+    path_t = torch.tensor(path, device=dev)
+    row: dict = {"nodes": len(tree), "max_depth": tree.max_depth, "path_len": len(path)}
+    log(f"  GDN T={t}")
+    # correctness vs the fp32 reference on the same inputs
+    o, st = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
+    o_ref, st_ref = naive.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
+    s_commit = tg.tree_gdn_commit(st, s0, path_t)
+    s_ref = naive.tree_gdn_commit(st_ref, s0, path)
+    o_paths, _ = naive.tree_gdn_paths(q.double(), k.double(), v.double(), gate.double(), beta.double(), s0.double(), c.parents)
+    row["err_o_vs_fp32_ref"] = err(o, o_ref)
+    row["err_o_vs_fp64_paths"] = err(o, o_paths)
+    row["err_o_torch_ref_vs_fp64_paths"] = err(o_ref, o_paths)
+    row["err_commit_vs_fp32_ref"] = err(s_commit, s_ref)
+    row["err_u_vs_fp32_ref"] = err(st.u, st_ref.u)
+    timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc), rep, graph=True)
+    timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(st, s0, path_t), rep, graph=True)
+    timed("torch_fork_ms", row, lambda: naive.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc), rep)
+    timed("torch_commit_ms", row, lambda: naive.tree_gdn_commit(st_ref, s0, path), rep)
+    timed("torch_slots_ms", row, lambda: naive.tree_gdn_slots(q, k, v, gate, beta, s0, c.parents, c.depths), rep)
+    src = torch.randn(t, *s0.shape, device=dev)
+    dst = torch.empty_like(src)
+    timed("slot_copy_ms", row, lambda: dst.copy_(src), rep)  # T state copies: the slots floor
+    row["slot_copy_bytes"] = 2 * src.numel() * 4
+    del src, dst
+    if fla is not None:
+        chunk, fused = fla
+        qb, kb = q.bfloat16()[None], k.bfloat16()[None]
+        vb, gb, bb = v[None], gate[None], beta[None]
+        h0 = s0[None].contiguous()
+        sc = GDN["dk"] ** -0.5
+        try:
+            oc, _ = chunk(qb, kb, vb, gb, bb, scale=sc, initial_state=h0, output_final_state=True)
+            chain = compile_tree(type(tree).from_parents(list(range(t)), list(range(-1, t - 1))), 0, dev)
+            o_chain, _ = naive.tree_gdn_fork(q.bfloat16().float(), k.bfloat16().float(), v, gate, beta, s0, chain.anc)
+            row["fla_chunk_err_vs_fp32_chain"] = err(oc[0].float(), o_chain)
+        except Exception as exc:
+            row["fla_chunk_error"] = f"{type(exc).__name__}: {exc}"
+        timed("fla_chunk_ms", row, lambda: chunk(qb, kb, vb, gb, bb, scale=sc, initial_state=h0, output_final_state=True), rep)
+        timed("fla_fused_recurrent_ms", row,
+              lambda: fused(qb, kb, vb, gb, bb, scale=sc, initial_state=h0, output_final_state=True), rep)
+    return row
+
+
+def bench_attention(t: int, rep: int, prefix: int) -> dict:
+    import tree_kernels.tree_attention.triton as ta
+    from tree_kernels.tree_attention import naive
+
+    from ..tree import compile_tree
+
+    dev = torch.device("cuda")
+    hq, hkv, d = ATTN["hq"], ATTN["hkv"], ATTN["d"]
+    tree = make_tree(t)
+    c = compile_tree(tree, prefix, dev)
+    g = torch.Generator(device=dev).manual_seed(1)
+    q = torch.randn(t, hq, d, device=dev, generator=g).bfloat16()
+    kbuf = torch.randn(prefix + 512, hkv, d, device=dev, generator=g).bfloat16()
+    vbuf = torch.randn(prefix + 512, hkv, d, device=dev, generator=g).bfloat16()
+    k, v = kbuf[: prefix + t], vbuf[: prefix + t]
+    scale = d**-0.5
+    row: dict = {"nodes": len(tree), "prefix": prefix, "kv_bytes": 2 * k.numel() * 2}
+    log(f"  attention T={t}")
+    o = ta.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None)
+    ref = naive.tree_attention(q.float(), k.float(), v.float(), c.anc, prefix, scale, c.positions, None)
+    row["err_vs_fp32_ref"] = err(o.float(), ref)
+    ob = ta.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None, bitmask=c.bitmask())
+    row["err_bitmask_vs_fp32_ref"] = err(ob.float(), ref)
+    ow = ta.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, 1024)
+    row["err_window1024_vs_fp32_ref"] = err(ow.float(), naive.tree_attention(q.float(), k.float(), v.float(), c.anc, prefix, scale, c.positions, 1024))
+    row["err_torch_bf16_ref_vs_fp32_ref"] = err(naive.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None).float(), ref)
+    n_m, n_s, _ = ta.plan(t, hq, hkv, d, prefix + t, 0, dev, ta.default_config(t, hq, hkv, d, q.dtype))
+    row["grid"] = [n_m, hkv, n_s]
+    timed("triton_ms", row, lambda: ta.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None), rep, graph=True)
+    timed("torch_ms", row, lambda: naive.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None), rep)
+    from tree_kernels.tree_attention.naive import tree_visibility
+
+    mask = tree_visibility(c.anc, prefix)[None, None]  # [1, 1, T, S]
+    q4 = q.transpose(0, 1)[None]  # [1, Hq, T, D]
+    k4, v4 = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    kr, vr = k4.repeat_interleave(hq // hkv, 1), v4.repeat_interleave(hq // hkv, 1)
+    try:
+        os_ = F.scaled_dot_product_attention(q4, kr, vr, attn_mask=mask, scale=scale)
+        row["sdpa_mask_err_vs_fp32_ref"] = err(os_[0].transpose(0, 1).float(), ref)
+    except Exception as exc:
+        row["sdpa_mask_error"] = f"{type(exc).__name__}: {exc}"
+    timed("sdpa_bool_mask_ms", row, lambda: F.scaled_dot_product_attention(q4, kr, vr, attn_mask=mask, scale=scale), rep)
+    timed("sdpa_bool_mask_gqa_ms", row,
+          lambda: F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True), rep)
+    q1 = q4[:, :, :1]
+    kp, vp = k4[:, :, :prefix], v4[:, :, :prefix]
+    timed("sdpa_decode_1q_ms", row, lambda: F.scaled_dot_product_attention(q1, kp, vp, scale=scale, enable_gqa=True), rep)
+    return row
+
+
+def bench_conv(t: int, rep: int) -> dict:
+    import tree_kernels.tree_conv.triton as tc
+    from tree_kernels.tree_conv import naive
+
+    from ..tree import compile_tree
+
+    dev = torch.device("cuda")
+    ch, w = CONV["c"], CONV["w"]
+    tree = make_tree(t)
+    c = compile_tree(tree, 4096, dev)
+    g = torch.Generator(device=dev).manual_seed(2)
+    x = torch.randn(t, ch, device=dev, generator=g).bfloat16()
+    state = torch.randn(ch, w - 1, device=dev, generator=g).bfloat16()
+    w3 = (torch.randn(ch, 1, w, device=dev, generator=g) * 0.5).bfloat16()
+    weight = w3[:, 0, :]
+    idx = c.conv_table(w)
+    path = deepest_path(tree)
+    path_t = torch.tensor(path, device=dev)
+    row: dict = {"nodes": len(tree)}
+    log(f"  conv T={t}")
+    y = tc.tree_conv1d(x, state, weight, None, idx)
+    ref = naive.tree_conv1d(x.float(), state.float(), weight.float(), None, idx)
+    row["err_vs_fp32_ref"] = err(y.float(), ref)
+    row["err_torch_bf16_ref_vs_fp32_ref"] = err(naive.tree_conv1d(x, state, weight, None, idx).float(), ref)
+    row["commit_exact"] = bool(torch.equal(tc.tree_conv_commit(x, state, path_t), naive.tree_conv_commit(x, state, path)))
+    timed("triton_ms", row, lambda: tc.tree_conv1d(x, state, weight, None, idx), rep, graph=True)
+    timed("triton_commit_ms", row, lambda: tc.tree_conv_commit(x, state, path_t), rep, graph=True)
+    timed("torch_ms", row, lambda: naive.tree_conv1d(x, state, weight, None, idx), rep)
+    timed("torch_commit_ms", row, lambda: naive.tree_conv_commit(x, state, path), rep)
+    return row
+
+
+# ----------------------------------------------------------------------------------- tuning
+
+
+def tune(rep: int, prefix: int) -> dict:
+    """A small sweep of block configurations (printed and recorded; defaults live in the kernels)."""
+    import tree_kernels.tree_attention.triton as ta
+    import tree_kernels.tree_conv.triton as tc
+    import tree_kernels.tree_gdn.triton as tg
+
+    from ..tree import compile_tree
+
+    dev = torch.device("cuda")
+    out: dict = {"gdn": [], "attention": [], "conv": []}
+    for t in (16, 64, 128):
+        tree = make_tree(t)
+        c = compile_tree(tree, prefix, dev)
+        q, k, v, gate, beta, s0 = gdn_inputs(t, dev)
+        combos = {16: [(16, 32, 4), (16, 64, 4), (16, 32, 2)],
+                  64: [(bs, bv, nw) for bs in (16, 32, 64) for bv, nw in ((32, 4), (64, 4), (128, 8))],
+                  128: [(bs, bv, 4) for bs in (32, 64) for bv in (32, 64)]}[t]
+        for bs, bv, nw in combos:
+            if True:
+                cfg = {"BS": bs, "BV": bv, "num_warps": nw}
+                try:
+                    ms = median_ms(lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg), rep)
+                except Exception as exc:
+                    ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+                out["gdn"].append({"T": t, **cfg, "ms": ms})
+                log(f"    gdn T={t} {cfg}: {ms}")
+        hq, hkv, d = ATTN["hq"], ATTN["hkv"], ATTN["d"]
+        g = torch.Generator(device=dev).manual_seed(1)
+        qa = torch.randn(t, hq, d, device=dev, generator=g).bfloat16()
+        ka = torch.randn(prefix + t, hkv, d, device=dev, generator=g).bfloat16()
+        va = torch.randn(prefix + t, hkv, d, device=dev, generator=g).bfloat16()
+        for bm, bn, nw, ns in ((64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2), (64, 128, 8, 2), (64, 64, 8, 3)):
+            for waves in (1.0, 2.0):
+                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "waves": waves}
+                try:
+                    ms = median_ms(lambda: ta.tree_attention(qa, ka, va, c.anc, prefix, None, c.positions, None, config=cfg), rep)
+                except Exception as exc:
+                    ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+                out["attention"].append({"T": t, **cfg, "ms": ms})
+                log(f"    attention T={t} {cfg}: {ms}")
+        x = torch.randn(t, CONV["c"], device=dev).bfloat16()
+        st = torch.randn(CONV["c"], CONV["w"] - 1, device=dev).bfloat16()
+        wt = torch.randn(CONV["c"], CONV["w"], device=dev).bfloat16()
+        idx = c.conv_table(CONV["w"])
+        for bt, bc in ((4, 256), (8, 256), (16, 256), (16, 512), (32, 256), (8, 1024)):
+            try:
+                ms = median_ms(lambda: tc.tree_conv1d(x, st, wt, None, idx, block_t=bt, block_c=bc), rep)
+            except Exception as exc:
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            out["conv"].append({"T": t, "BT": bt, "BC": bc, "ms": ms})
+            log(f"    conv T={t} BT={bt} BC={bc}: {ms}")
+    return out
+
+
+# ----------------------------------------------------------------------------------- losslessness
+
+
+@torch.no_grad()
+def lossless(n_prompts: int, new_tokens: int, budget: int, device: str = "cuda", dims: dict | None = None) -> dict:
+    import tree_kernels as tk
+
+    from ..drafters.oracle import OracleDrafter, OracleSpec
+    from ..engine import GenerationConfig, generate
+    from ..random_models import random_target
+
+    dev = torch.device(device)
+    dims = dims or dict(vocab_size=4096, hidden_size=1024, num_layers=8, heads=8, kv_heads=2, head_dim=128,
+                intermediate_size=2048, linear_key_heads=4, linear_value_heads=12, linear_key_dim=128,
+                linear_value_dim=128, conv_width=4, eos_token_id=None)
+    target = random_target("hybrid", seed=7, **dims).to(dev, torch.bfloat16)
+    target.reset_rotary()
+    spec = OracleSpec(p=0.5, rank=1, block=16, seed=3)
+    g = torch.Generator().manual_seed(42)
+    out = {"dims": dims, "dtype": "bfloat16", "budget": budget, "new_tokens": new_tokens, "oracle": vars(spec), "prompts": []}
+    for i in range(n_prompts):
+        prompt = torch.randint(0, dims["vocab_size"], (int(torch.randint(4, 40, (1,), generator=g)),), generator=g).tolist()
+        rec: dict = {"prompt_len": len(prompt)}
+        with tk.use_backend("torch"):
+            ar_torch = generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=new_tokens + 16, trace_topk=0)).generated_ids
+        with tk.use_backend("triton"):
+            ar_triton = generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=new_tokens + 16, trace_topk=0)).generated_ids
+            ref = prompt + ar_triton
+            cfg = GenerationConfig(method="ddtree", budget=budget, recurrent="fork", max_new_tokens=new_tokens, trace_topk=0)
+            t0 = time.perf_counter()
+            trace = generate(target, prompt, cfg, OracleDrafter(ref, dims["vocab_size"], spec, dev))
+            rec["ddtree_s"] = time.perf_counter() - t0
+        tree_ids = trace.generated_ids
+        rec["mean_acceptance"] = trace.mean_acceptance
+        rec["through_sibling_rounds"] = sum(r.through_sibling for r in trace.rounds)
+        rec["rounds"] = len(trace.rounds)
+        for name, other in (("ddtree_triton_vs_ar_triton", ar_triton[:new_tokens]), ("ddtree_triton_vs_ar_torch", ar_torch[:new_tokens]),
+                            ("ar_triton_vs_ar_torch", ar_torch[:new_tokens])):
+            a = tree_ids if name.startswith("ddtree") else ar_triton[:new_tokens]
+            same = a == other
+            entry: dict = {"identical": same}
+            if not same:
+                pos = next(j for j, (x, y) in enumerate(zip(a, other)) if x != y)
+                entry["first_divergence"] = pos
+                # the top-2 logits at that position given the common prefix (torch references)
+                with tk.use_backend("torch"):
+                    cache = target.new_cache(len(prompt) + pos + 8)
+                    logits = target.run_chain(prompt + other[:pos], cache, logits="last").logits[-1].float()
+                top = torch.topk(logits, 2)
+                gap = float(top.values[0] - top.values[1])
+                entry.update({"tokens": [int(a[pos]), int(other[pos])], "top2_ids": top.indices.tolist(),
+                              "top2_gap": gap, "top1_logit": float(top.values[0]),
+                              "near_tie": bool(set(top.indices.tolist()) == {int(a[pos]), int(other[pos])}
+                                               and gap <= 0.02 * max(1.0, abs(float(top.values[0]))))})
+            rec[name] = entry
+        out["prompts"].append(rec)
+        log(f"    prompt {i}: " + ", ".join(f"{k}={'same' if rec[k]['identical'] else 'diverged@' + str(rec[k]['first_divergence'])}"
+                                           for k in ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch"))
+            + f", acceptance {rec['mean_acceptance']:.2f}, sibling rounds {rec['through_sibling_rounds']}/{rec['rounds']}")
+    for key in ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch"):
+        recs = [p[key] for p in out["prompts"]]
+        out[key] = {"identical": sum(r["identical"] for r in recs), "of": len(recs),
+                    "diverged_all_near_ties": all(r.get("near_tie", True) for r in recs)}
+    return out
+
+
+# ----------------------------------------------------------------------------------- report
+
+
+def floors(bw_gbs: float, prefix: int) -> dict:
+    """FLOPs and minimum bytes per layer for a 64-node tree; floor = bytes / measured bandwidth."""
+    t = 64
+    h, hv, dk, dv = GDN["h"], GDN["hv"], GDN["dk"], GDN["dv"]
+    gdn_bytes = hv * dk * dv * 4 + t * (2 * h * dk * 4 + hv * dv * 2 + hv * 4 + hv * 2) + t * hv * (dv * 4 + dv * 4 + dk * 4 + 4)
+    gdn_flops = 2 * hv * (2 * t * dk * dv + 2 * t * t * dk + 2 * t * t * dv) + hv * t**3 / 3
+    hq, hkv, d = ATTN["hq"], ATTN["hkv"], ATTN["d"]
+    s = prefix + t
+    attn_bytes = 2 * s * hkv * d * 2 + 2 * t * hq * d * 2
+    attn_flops = 4 * t * hq * s * d
+    ch, w = CONV["c"], CONV["w"]
+    conv_bytes = 2 * t * ch * 2 + ch * (w + w - 1) * 2
+    conv_flops = 2 * t * ch * w
+    f = lambda b: b / (bw_gbs * 1e9) * 1e3  # noqa: E731
+    return {
+        "gdn": {"flops": gdn_flops, "bytes": gdn_bytes, "floor_ms": f(gdn_bytes)},
+        "attention": {"flops": attn_flops, "bytes": attn_bytes, "floor_ms": f(attn_bytes)},
+        "conv": {"flops": conv_flops, "bytes": conv_bytes, "floor_ms": f(conv_bytes)},
+    }
+
+
+def table(result: dict) -> str:
+    lines = [f"{'kernel':<34}{'T':>5}{'median ms':>12}{'graph ms':>10}  notes"]
+
+    def add(name, t, ms, gms=None, note=""):
+        fmt = lambda x: f"{x:.4f}" if isinstance(x, (int, float)) else "-"  # noqa: E731
+        lines.append(f"{name:<34}{t:>5}{fmt(ms):>12}{fmt(gms):>10}  {note}")
+
+    for t, row in result.get("gdn", {}).items():
+        e = row.get("err_o_vs_fp32_ref", {})
+        add("gdn triton fork", t, row.get("triton_fork_ms"), row.get("triton_fork_ms_graph"), f"max err {e.get('max_abs', float('nan')):.2e} vs fp32")
+        add("gdn triton commit", t, row.get("triton_commit_ms"), row.get("triton_commit_ms_graph"))
+        add("gdn torch fork (reference)", t, row.get("torch_fork_ms"))
+        add("gdn torch slots (baseline)", t, row.get("torch_slots_ms"))
+        add("gdn slot copy (T states)", t, row.get("slot_copy_ms"))
+        add("gdn fla chunk (chain)", t, row.get("fla_chunk_ms"))
+        add("gdn fla fused_recurrent (chain)", t, row.get("fla_fused_recurrent_ms"))
+    for t, row in result.get("attention", {}).items():
+        e = row.get("err_vs_fp32_ref", {})
+        add("attention triton", t, row.get("triton_ms"), row.get("triton_ms_graph"), f"max err {e.get('max_abs', float('nan')):.2e}, grid {row.get('grid')}")
+        add("attention torch (reference)", t, row.get("torch_ms"))
+        add("attention sdpa bool mask", t, row.get("sdpa_bool_mask_ms"))
+        add("attention sdpa bool mask gqa", t, row.get("sdpa_bool_mask_gqa_ms"))
+        add("attention sdpa decode 1 query", t, row.get("sdpa_decode_1q_ms"))
+    for t, row in result.get("conv", {}).items():
+        e = row.get("err_vs_fp32_ref", {})
+        add("conv triton", t, row.get("triton_ms"), row.get("triton_ms_graph"), f"max err {e.get('max_abs', float('nan')):.2e}")
+        add("conv triton commit", t, row.get("triton_commit_ms"), row.get("triton_commit_ms_graph"))
+        add("conv torch (reference)", t, row.get("torch_ms"))
+        add("conv torch commit", t, row.get("torch_commit_ms"))
+    for k, v in result.get("ratios", {}).items():
+        lines.append(f"  {k}: {v}")
+    return "\n".join(lines)
+
+
+def ratios(result: dict) -> dict:
+    out = {}
+    g, a, c = result.get("gdn", {}).get("64", {}), result.get("attention", {}).get("64", {}), result.get("conv", {}).get("64", {})
+
+    def r(x, y):
+        return round(x / y, 3) if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
+
+    out["gdn_fork_vs_target_0.05ms"] = r(g.get("triton_fork_ms"), TARGETS_MS["gdn"])
+    out["gdn_fla_chunk_over_triton"] = r(g.get("fla_chunk_ms"), g.get("triton_fork_ms"))
+    out["gdn_fla_fused_over_triton"] = r(g.get("fla_fused_recurrent_ms"), g.get("triton_fork_ms"))
+    out["gdn_slot_copy_over_triton"] = r(g.get("slot_copy_ms"), g.get("triton_fork_ms"))
+    out["gdn_torch_slots_over_triton"] = r(g.get("torch_slots_ms"), g.get("triton_fork_ms"))
+    out["gdn_torch_ref_over_triton"] = r(g.get("torch_fork_ms"), g.get("triton_fork_ms"))
+    out["attention_vs_target_0.08ms"] = r(a.get("triton_ms"), TARGETS_MS["attention"])
+    out["attention_sdpa_mask_over_triton"] = r(a.get("sdpa_bool_mask_ms"), a.get("triton_ms"))
+    out["attention_sdpa_decode_over_triton"] = r(a.get("sdpa_decode_1q_ms"), a.get("triton_ms"))
+    out["conv_vs_target_0.02ms"] = r(c.get("triton_ms"), TARGETS_MS["conv"])
+    out["conv_torch_over_triton"] = r(c.get("torch_ms"), c.get("triton_ms"))
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="16,64,128")
+    p.add_argument("--prefix", type=int, default=4096)
+    p.add_argument("--rep-ms", type=int, default=60)
+    p.add_argument("--tune", action="store_true", help="also sweep block configurations")
+    p.add_argument("--no-fla", action="store_true")
+    p.add_argument("--lossless-prompts", type=int, default=6)
+    p.add_argument("--lossless-tokens", type=int, default=64)
+    p.add_argument("--lossless-budget", type=int, default=32)
+    p.add_argument("--only", default="gdn,attention,conv,lossless")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("workbench.bench.kernels needs a CUDA device")
+    import triton
+
+    torch.manual_seed(0)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    only = set(args.only.split(","))
+    out = Path(args.out) if args.out else RESULTS / f"kernels-{device_slug()}-{dt.date.today().isoformat()}.json"
+    props = torch.cuda.get_device_properties(0)
+    result: dict = {
+        "device": device_name(), "sm_count": props.multi_processor_count, "torch": torch.__version__,
+        "triton": triton.__version__, "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "shapes": {"gdn": GDN, "attention": ATTN, "conv": CONV, "prefix": args.prefix, "sizes": sizes, "dtype": "bfloat16"},
+        "targets_ms_64": TARGETS_MS, "issue_baselines_ms": ISSUE_BASELINES_MS,
+        "timing": "triton.testing.do_bench median (L2 flushed before each call); *_graph: do_bench_cudagraph median",
+    }
+
+    def save():
+        write_json_atomic(out, result, indent=2)
+
+    bw = copy_bandwidth_gbs()
+    result["copy_bandwidth_gbs"] = bw
+    result["floors_64"] = floors(bw, args.prefix)
+    log(f"{result['device']}: torch {torch.__version__}, triton {triton.__version__}, copy bandwidth {bw:.0f} GB/s")
+    fla = None
+    if not args.no_fla:
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+            import fla as fla_mod
+
+            fla = (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
+            result["fla_version"] = getattr(fla_mod, "__version__", "?")
+        except Exception as exc:
+            result["fla_version"] = None
+            log(f"fla not available ({type(exc).__name__}: {exc}): skipping the fla baselines")
+    sections = [("gdn", lambda t: bench_gdn(t, args.rep_ms, fla)), ("attention", lambda t: bench_attention(t, args.rep_ms, args.prefix)),
+                ("conv", lambda t: bench_conv(t, args.rep_ms))]
+    for name, fn in sections:
+        if name not in only:
+            continue
+        result[name] = {}
+        for t in sizes:
+            try:
+                result[name][str(t)] = fn(t)
+            except Exception as exc:
+                result[name][str(t)] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+                log(traceback.format_exc())
+            save()
+    result["ratios"] = ratios(result)
+    save()
+    log(table(result))
+    if args.tune:
+        result["tuning"] = tune(max(20, args.rep_ms // 2), args.prefix)
+        save()
+    if "lossless" in only and args.lossless_prompts > 0:
+        try:
+            result["lossless"] = lossless(args.lossless_prompts, args.lossless_tokens, args.lossless_budget)
+        except Exception as exc:
+            result["lossless"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+            log(traceback.format_exc())
+        save()
+        ll = result["lossless"]
+        for key in ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch"):
+            if key in ll:
+                log(f"lossless {key}: {ll[key]}")
+    log(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
