@@ -25,7 +25,7 @@ test: $(STAMP) chromium
 
 # JupyterLab on notebooks/ (LAB_ARGS="--no-browser --port 8899" and so on)
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS)
+	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

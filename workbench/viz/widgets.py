@@ -79,7 +79,7 @@ class TreeExplorer:
     def status(self) -> str:
         tr, rt = self.trace, self.round()
         s = self.settings
-        return (f"round {rt.index + 1}/{len(tr.rounds)} · {s['method']}"
+        return (f"round {rt.index} of 0–{len(tr.rounds) - 1} · {s['method']}"
                 + (f" budget {s['budget']}" if s["method"] == "ddtree" else "")
                 + f" · {s['recurrent']} · T={s['temperature']:g} · this round commits {rt.acceptance_length} · "
                   f"τ={tr.mean_acceptance:.2f} · {len(tr.generated_ids)} tokens")
@@ -114,7 +114,7 @@ class ExplorerWidget(W.VBox):
         self.error = W.HTML()
         self._busy = False
         controls = W.VBox([W.HBox([self.round_slider, self.budget, self.temperature]), W.HBox([self.method, self.recurrent, self.prompt])])
-        super().__init__([controls, self.status, self.error, W.HBox([self.outputs["draft"], self.outputs["tree"]]), self.outputs["text"]])
+        super().__init__([controls, self.status, self.error, self.outputs["tree"], self.outputs["draft"], self.outputs["text"]])
         self.add_class("workbench-explorer")
         self.round_slider.observe(self._on_round, names="value")
         for name in ("budget", "method", "recurrent", "temperature", "prompt"):
@@ -186,7 +186,7 @@ class SiblingWidget(W.VBox):
         self.outputs = {name: W.Output() for name in ("tree", "kl", "states")}
         self.figures: dict[str, go.Figure] = {}
         super().__init__([W.HBox([self.round_slider, self.color_by]), self.status,
-                          W.HBox([self.outputs["tree"], self.outputs["states"]]), self.outputs["kl"]])
+                          self.outputs["tree"], W.HBox([self.outputs["states"], self.outputs["kl"]])])
         self.add_class("workbench-siblings")
         self.round_slider.observe(lambda ch: self.refresh(), names="value")
         self.color_by.observe(lambda ch: self.refresh(), names="value")
