@@ -92,3 +92,29 @@ def dot_precision(dtype: torch.dtype) -> str:
     """fp32 operands: 3xTF32 on tensor cores (about fp32 accuracy); half types: native (the
     setting only matters for fp32 operands, "tf32" is Triton's default there)."""
     return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+_FAILED_CONFIGS: set = set()
+
+
+def launch_with_fallback(launch, configs: list[dict], key) -> dict:
+    """Run ``launch(cfg)`` with the first config that fits the device.
+
+    A config whose kernel needs more shared memory (or registers) than the device has raises
+    OutOfResources when it is first launched; it is remembered (per ``key``) and the next,
+    smaller one is tried. Returns the config that ran.
+    """
+    from triton.runtime.errors import OutOfResources
+
+    last = None
+    for cfg in configs:
+        k = (key, tuple(sorted(cfg.items())))
+        if k in _FAILED_CONFIGS:
+            continue
+        try:
+            launch(cfg)
+            return cfg
+        except OutOfResources as exc:
+            _FAILED_CONFIGS.add(k)
+            last = exc
+    raise last if last is not None else RuntimeError("no kernel configuration left to try")

@@ -90,20 +90,79 @@ def err(out: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"max_abs": d, "max_rel": d / scale if scale else None, "ref_max": scale, "finite": bool(torch.isfinite(out).all())}
 
 
+def cold_graph_ms(fn, n: int = 40) -> float | None:
+    """Median GPU time of ``fn`` replayed from a CUDA graph with L2 flushed before each replay:
+    no host launch overhead (as in a graph-captured forward), inputs from HBM."""
+    try:
+        flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            flush.zero_()
+            starts[i].record()
+            graph.replay()
+            ends[i].record()
+        torch.cuda.synchronize()
+        times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+        del graph
+        return float(times[len(times) // 2])
+    except Exception as exc:
+        log(f"    (cold graph timing failed: {type(exc).__name__}: {str(exc)[:200]})")
+        torch.cuda.synchronize()
+        return None
+
+
+def host_us(fn, n: int = 50) -> float:
+    """Host time to enqueue one call (the launch overhead an eager forward pays)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt_ = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt_ / n * 1e6
+
+
 def timed(name: str, row: dict, fn, rep_ms: int, graph: bool = False) -> None:
+    """``name``: eager do_bench median (L2 flushed; includes host launch time when the host is the
+    bottleneck). With ``graph``: ``_cold_graph`` (CUDA graph, L2 flushed), ``_warm_graph``
+    (do_bench_cudagraph, L2 warm), ``_host_us``."""
     try:
         t0 = time.perf_counter()
         fn()
         torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        row[name + "_first_call_s"] = time.perf_counter() - t0
         row[name] = median_ms(fn, rep_ms)
-        row[name + "_first_call_s"] = first
         if graph:
-            row[name + "_graph"] = graph_ms(fn, rep_ms)
+            row[name.replace("_ms", "") + "_cold_graph_ms"] = cold_graph_ms(fn)
+            row[name.replace("_ms", "") + "_warm_graph_ms"] = graph_ms(fn, rep_ms)
+            row[name.replace("_ms", "") + "_host_us"] = host_us(fn)
     except Exception as exc:
         row[name] = None
-        row[name + "_error"] = f"{type(exc).__name__}: {exc}"
-        log(f"    {name} failed: {type(exc).__name__}: {exc}")
+        row[name + "_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        log(f"    {name} failed: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def out_of_resources(key, cfg: dict) -> bool:
+    from tree_kernels._triton_common import _FAILED_CONFIGS
+
+    return (key, tuple(sorted(cfg.items()))) in _FAILED_CONFIGS
+
+
+def best_ms(row: dict, name: str):
+    """The comparison number: cold-graph time where measured, else the eager median."""
+    base = name.replace("_ms", "")
+    v = row.get(base + "_cold_graph_ms")
+    return v if isinstance(v, (int, float)) else row.get(name)
 
 
 # ----------------------------------------------------------------------------------- inputs
@@ -139,8 +198,8 @@ def gdn_inputs(t: int, dev, seed: int = 0):
 # ----------------------------------------------------------------------------------- sections
 
 
-def bench_gdn(t: int, rep: int, fla) -> dict:
-    import tree_kernels.tree_gdn.triton as tg
+def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
+    from tree_kernels.tree_gdn import triton as tg
     from tree_kernels.tree_gdn import naive
 
     from ..tree import compile_tree
@@ -166,12 +225,28 @@ def bench_gdn(t: int, rep: int, fla) -> dict:
     row["err_u_vs_fp32_ref"] = err(st.u, st_ref.u)
     timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc), rep, graph=True)
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(st, s0, path_t), rep, graph=True)
+    if sweep and t == 64:
+        row["sweep"] = []
+        for bs, bv, nw in ((16, 32, 4), (16, 128, 4), (16, 64, 8), (32, 64, 4), (32, 32, 4)):
+            cfg = {"BS": bs, "BV": bv, "num_warps": nw}
+            rec = dict(cfg)
+            try:
+                fn = lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg)  # noqa: E731
+                o2, _ = fn()
+                if out_of_resources(("gdn_fork", GDN["dk"], GDN["dv"], str(dev)), cfg):
+                    raise RuntimeError("OutOfResources (the wrapper fell back to a smaller config)")
+                rec["max_abs_vs_default"] = (o2 - o).abs().max().item()
+                rec["cold_graph_ms"] = cold_graph_ms(fn, 20)
+            except Exception as exc:
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            row["sweep"].append(rec)
+            log(f"    sweep {rec}")
     timed("torch_fork_ms", row, lambda: naive.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc), rep)
     timed("torch_commit_ms", row, lambda: naive.tree_gdn_commit(st_ref, s0, path), rep)
     timed("torch_slots_ms", row, lambda: naive.tree_gdn_slots(q, k, v, gate, beta, s0, c.parents, c.depths), rep)
     src = torch.randn(t, *s0.shape, device=dev)
     dst = torch.empty_like(src)
-    timed("slot_copy_ms", row, lambda: dst.copy_(src), rep)  # T state copies: the slots floor
+    timed("slot_copy_ms", row, lambda: dst.copy_(src), rep, graph=True)  # T state copies: the slots floor
     row["slot_copy_bytes"] = 2 * src.numel() * 4
     del src, dst
     if fla is not None:
@@ -187,14 +262,19 @@ def bench_gdn(t: int, rep: int, fla) -> dict:
             row["fla_chunk_err_vs_fp32_chain"] = err(oc[0].float(), o_chain)
         except Exception as exc:
             row["fla_chunk_error"] = f"{type(exc).__name__}: {exc}"
-        timed("fla_chunk_ms", row, lambda: chunk(qb, kb, vb, gb, bb, scale=sc, initial_state=h0, output_final_state=True), rep)
-        timed("fla_fused_recurrent_ms", row,
-              lambda: fused(qb, kb, vb, gb, bb, scale=sc, initial_state=h0, output_final_state=True), rep)
+        fc = lambda: chunk(qb, kb, vb, gb, bb, scale=sc, initial_state=h0, output_final_state=True)  # noqa: E731
+        ff = lambda: fused(qb, kb, vb, gb, bb, scale=sc, initial_state=h0, output_final_state=True)  # noqa: E731
+        timed("fla_chunk_ms", row, fc, rep)
+        timed("fla_fused_recurrent_ms", row, ff, rep)
+        # graph timings last: a capture that fails must not cost the eager numbers above
+        for name, fn in (("fla_fused_recurrent", ff), ("fla_chunk", fc)):
+            row[name + "_cold_graph_ms"] = cold_graph_ms(fn)
+            row[name + "_host_us"] = host_us(fn)
     return row
 
 
-def bench_attention(t: int, rep: int, prefix: int) -> dict:
-    import tree_kernels.tree_attention.triton as ta
+def bench_attention(t: int, rep: int, prefix: int, sweep: bool = True) -> dict:
+    from tree_kernels.tree_attention import triton as ta
     from tree_kernels.tree_attention import naive
 
     from ..tree import compile_tree
@@ -221,7 +301,25 @@ def bench_attention(t: int, rep: int, prefix: int) -> dict:
     row["err_torch_bf16_ref_vs_fp32_ref"] = err(naive.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None).float(), ref)
     n_m, n_s, _ = ta.plan(t, hq, hkv, d, prefix + t, 0, dev, ta.default_config(t, hq, hkv, d, q.dtype))
     row["grid"] = [n_m, hkv, n_s]
+    row["default_config"] = ta.default_config(t, hq, hkv, d, q.dtype)
     timed("triton_ms", row, lambda: ta.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None), rep, graph=True)
+    if sweep and t == 64:
+        row["sweep"] = []
+        for bm, bn, nw, ns, waves in ((64, 64, 8, 2, 2.0), (64, 64, 4, 2, 1.0), (64, 32, 4, 2, 1.0), (128, 64, 8, 2, 1.0), (128, 64, 8, 2, 2.0)):
+            if True:
+                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "waves": waves}
+                rec = dict(cfg)
+                try:
+                    fn = lambda: ta.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None, config=cfg)  # noqa: E731
+                    o2 = fn()
+                    if out_of_resources(("attention", d, str(q.dtype), str(dev)), cfg):
+                        raise RuntimeError("OutOfResources (the wrapper fell back to a smaller config)")
+                    rec["max_abs_vs_fp32_ref"] = (o2.float() - ref).abs().max().item()
+                    rec["cold_graph_ms"] = cold_graph_ms(fn, 20)
+                except Exception as exc:
+                    rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                row["sweep"].append(rec)
+                log(f"    sweep {rec}")
     timed("torch_ms", row, lambda: naive.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None), rep)
     from tree_kernels.tree_attention.naive import tree_visibility
 
@@ -234,17 +332,17 @@ def bench_attention(t: int, rep: int, prefix: int) -> dict:
         row["sdpa_mask_err_vs_fp32_ref"] = err(os_[0].transpose(0, 1).float(), ref)
     except Exception as exc:
         row["sdpa_mask_error"] = f"{type(exc).__name__}: {exc}"
-    timed("sdpa_bool_mask_ms", row, lambda: F.scaled_dot_product_attention(q4, kr, vr, attn_mask=mask, scale=scale), rep)
+    timed("sdpa_bool_mask_ms", row, lambda: F.scaled_dot_product_attention(q4, kr, vr, attn_mask=mask, scale=scale), rep, graph=True)
     timed("sdpa_bool_mask_gqa_ms", row,
-          lambda: F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True), rep)
+          lambda: F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True), rep, graph=True)
     q1 = q4[:, :, :1]
     kp, vp = k4[:, :, :prefix], v4[:, :, :prefix]
-    timed("sdpa_decode_1q_ms", row, lambda: F.scaled_dot_product_attention(q1, kp, vp, scale=scale, enable_gqa=True), rep)
+    timed("sdpa_decode_1q_ms", row, lambda: F.scaled_dot_product_attention(q1, kp, vp, scale=scale, enable_gqa=True), rep, graph=True)
     return row
 
 
 def bench_conv(t: int, rep: int) -> dict:
-    import tree_kernels.tree_conv.triton as tc
+    from tree_kernels.tree_conv import triton as tc
     from tree_kernels.tree_conv import naive
 
     from ..tree import compile_tree
@@ -273,63 +371,6 @@ def bench_conv(t: int, rep: int) -> dict:
     timed("torch_ms", row, lambda: naive.tree_conv1d(x, state, weight, None, idx), rep)
     timed("torch_commit_ms", row, lambda: naive.tree_conv_commit(x, state, path), rep)
     return row
-
-
-# ----------------------------------------------------------------------------------- tuning
-
-
-def tune(rep: int, prefix: int) -> dict:
-    """A small sweep of block configurations (printed and recorded; defaults live in the kernels)."""
-    import tree_kernels.tree_attention.triton as ta
-    import tree_kernels.tree_conv.triton as tc
-    import tree_kernels.tree_gdn.triton as tg
-
-    from ..tree import compile_tree
-
-    dev = torch.device("cuda")
-    out: dict = {"gdn": [], "attention": [], "conv": []}
-    for t in (16, 64, 128):
-        tree = make_tree(t)
-        c = compile_tree(tree, prefix, dev)
-        q, k, v, gate, beta, s0 = gdn_inputs(t, dev)
-        combos = {16: [(16, 32, 4), (16, 64, 4), (16, 32, 2)],
-                  64: [(bs, bv, nw) for bs in (16, 32, 64) for bv, nw in ((32, 4), (64, 4), (128, 8))],
-                  128: [(bs, bv, 4) for bs in (32, 64) for bv in (32, 64)]}[t]
-        for bs, bv, nw in combos:
-            if True:
-                cfg = {"BS": bs, "BV": bv, "num_warps": nw}
-                try:
-                    ms = median_ms(lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg), rep)
-                except Exception as exc:
-                    ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-                out["gdn"].append({"T": t, **cfg, "ms": ms})
-                log(f"    gdn T={t} {cfg}: {ms}")
-        hq, hkv, d = ATTN["hq"], ATTN["hkv"], ATTN["d"]
-        g = torch.Generator(device=dev).manual_seed(1)
-        qa = torch.randn(t, hq, d, device=dev, generator=g).bfloat16()
-        ka = torch.randn(prefix + t, hkv, d, device=dev, generator=g).bfloat16()
-        va = torch.randn(prefix + t, hkv, d, device=dev, generator=g).bfloat16()
-        for bm, bn, nw, ns in ((64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2), (64, 128, 8, 2), (64, 64, 8, 3)):
-            for waves in (1.0, 2.0):
-                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "waves": waves}
-                try:
-                    ms = median_ms(lambda: ta.tree_attention(qa, ka, va, c.anc, prefix, None, c.positions, None, config=cfg), rep)
-                except Exception as exc:
-                    ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-                out["attention"].append({"T": t, **cfg, "ms": ms})
-                log(f"    attention T={t} {cfg}: {ms}")
-        x = torch.randn(t, CONV["c"], device=dev).bfloat16()
-        st = torch.randn(CONV["c"], CONV["w"] - 1, device=dev).bfloat16()
-        wt = torch.randn(CONV["c"], CONV["w"], device=dev).bfloat16()
-        idx = c.conv_table(CONV["w"])
-        for bt, bc in ((4, 256), (8, 256), (16, 256), (16, 512), (32, 256), (8, 1024)):
-            try:
-                ms = median_ms(lambda: tc.tree_conv1d(x, st, wt, None, idx, block_t=bt, block_c=bc), rep)
-            except Exception as exc:
-                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-            out["conv"].append({"T": t, "BT": bt, "BC": bc, "ms": ms})
-            log(f"    conv T={t} BT={bt} BC={bc}: {ms}")
-    return out
 
 
 # ----------------------------------------------------------------------------------- losslessness
@@ -422,35 +463,38 @@ def floors(bw_gbs: float, prefix: int) -> dict:
     }
 
 
+ROWS = {
+    "gdn": [("triton fork", "triton_fork_ms"), ("triton commit", "triton_commit_ms"), ("torch fork (reference)", "torch_fork_ms"),
+            ("torch commit (reference)", "torch_commit_ms"), ("torch slots (baseline)", "torch_slots_ms"),
+            ("slot copy: T states r+w", "slot_copy_ms"), ("fla chunk (chain of T)", "fla_chunk_ms"),
+            ("fla fused_recurrent (chain)", "fla_fused_recurrent_ms")],
+    "attention": [("triton", "triton_ms"), ("torch (reference)", "torch_ms"), ("sdpa bool mask (kv repeated)", "sdpa_bool_mask_ms"),
+                  ("sdpa bool mask (enable_gqa)", "sdpa_bool_mask_gqa_ms"), ("sdpa decode, 1 query", "sdpa_decode_1q_ms")],
+    "conv": [("triton", "triton_ms"), ("triton commit", "triton_commit_ms"), ("torch (reference)", "torch_ms"),
+             ("torch commit (reference)", "torch_commit_ms")],
+}
+ERRS = {"gdn": "err_o_vs_fp32_ref", "attention": "err_vs_fp32_ref", "conv": "err_vs_fp32_ref"}
+
+
 def table(result: dict) -> str:
-    lines = [f"{'kernel':<34}{'T':>5}{'median ms':>12}{'graph ms':>10}  notes"]
-
-    def add(name, t, ms, gms=None, note=""):
-        fmt = lambda x: f"{x:.4f}" if isinstance(x, (int, float)) else "-"  # noqa: E731
-        lines.append(f"{name:<34}{t:>5}{fmt(ms):>12}{fmt(gms):>10}  {note}")
-
-    for t, row in result.get("gdn", {}).items():
-        e = row.get("err_o_vs_fp32_ref", {})
-        add("gdn triton fork", t, row.get("triton_fork_ms"), row.get("triton_fork_ms_graph"), f"max err {e.get('max_abs', float('nan')):.2e} vs fp32")
-        add("gdn triton commit", t, row.get("triton_commit_ms"), row.get("triton_commit_ms_graph"))
-        add("gdn torch fork (reference)", t, row.get("torch_fork_ms"))
-        add("gdn torch slots (baseline)", t, row.get("torch_slots_ms"))
-        add("gdn slot copy (T states)", t, row.get("slot_copy_ms"))
-        add("gdn fla chunk (chain)", t, row.get("fla_chunk_ms"))
-        add("gdn fla fused_recurrent (chain)", t, row.get("fla_fused_recurrent_ms"))
-    for t, row in result.get("attention", {}).items():
-        e = row.get("err_vs_fp32_ref", {})
-        add("attention triton", t, row.get("triton_ms"), row.get("triton_ms_graph"), f"max err {e.get('max_abs', float('nan')):.2e}, grid {row.get('grid')}")
-        add("attention torch (reference)", t, row.get("torch_ms"))
-        add("attention sdpa bool mask", t, row.get("sdpa_bool_mask_ms"))
-        add("attention sdpa bool mask gqa", t, row.get("sdpa_bool_mask_gqa_ms"))
-        add("attention sdpa decode 1 query", t, row.get("sdpa_decode_1q_ms"))
-    for t, row in result.get("conv", {}).items():
-        e = row.get("err_vs_fp32_ref", {})
-        add("conv triton", t, row.get("triton_ms"), row.get("triton_ms_graph"), f"max err {e.get('max_abs', float('nan')):.2e}")
-        add("conv triton commit", t, row.get("triton_commit_ms"), row.get("triton_commit_ms_graph"))
-        add("conv torch (reference)", t, row.get("torch_ms"))
-        add("conv torch commit", t, row.get("torch_commit_ms"))
+    fmt = lambda x, f="{:.4f}": f.format(x) if isinstance(x, (int, float)) else "-"  # noqa: E731
+    lines = [f"{'kernel':<38}{'T':>5}{'eager ms':>10}{'cold graph':>12}{'warm graph':>12}{'host us':>9}  notes"]
+    for sec, rows in ROWS.items():
+        for t, row in result.get(sec, {}).items():
+            if "error" in row:
+                lines.append(f"{sec + ' (failed)':<38}{t:>5}  {row['error'][:80]}")
+                continue
+            for label, key in rows:
+                b = key.replace("_ms", "")
+                note = ""
+                if key.startswith("triton") and "commit" not in key:
+                    e = row.get(ERRS[sec], {})
+                    note = f"max err {fmt(e.get('max_abs'), '{:.2e}')} (rel {fmt(e.get('max_rel'), '{:.1e}')}) vs fp32 ref"
+                if row.get(key + "_error"):
+                    note = row[key + "_error"][:60]
+                lines.append(f"{sec + ' ' + label:<38}{t:>5}{fmt(row.get(key)):>10}{fmt(row.get(b + '_cold_graph_ms')):>12}"
+                             f"{fmt(row.get(b + '_warm_graph_ms')):>12}{fmt(row.get(b + '_host_us'), '{:.0f}'):>9}  {note}")
+    lines.append("ratios at T=64 (cold graph where measured, else eager):")
     for k, v in result.get("ratios", {}).items():
         lines.append(f"  {k}: {v}")
     return "\n".join(lines)
@@ -463,18 +507,45 @@ def ratios(result: dict) -> dict:
     def r(x, y):
         return round(x / y, 3) if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
 
-    out["gdn_fork_vs_target_0.05ms"] = r(g.get("triton_fork_ms"), TARGETS_MS["gdn"])
-    out["gdn_fla_chunk_over_triton"] = r(g.get("fla_chunk_ms"), g.get("triton_fork_ms"))
-    out["gdn_fla_fused_over_triton"] = r(g.get("fla_fused_recurrent_ms"), g.get("triton_fork_ms"))
-    out["gdn_slot_copy_over_triton"] = r(g.get("slot_copy_ms"), g.get("triton_fork_ms"))
-    out["gdn_torch_slots_over_triton"] = r(g.get("torch_slots_ms"), g.get("triton_fork_ms"))
-    out["gdn_torch_ref_over_triton"] = r(g.get("torch_fork_ms"), g.get("triton_fork_ms"))
-    out["attention_vs_target_0.08ms"] = r(a.get("triton_ms"), TARGETS_MS["attention"])
-    out["attention_sdpa_mask_over_triton"] = r(a.get("sdpa_bool_mask_ms"), a.get("triton_ms"))
-    out["attention_sdpa_decode_over_triton"] = r(a.get("sdpa_decode_1q_ms"), a.get("triton_ms"))
-    out["conv_vs_target_0.02ms"] = r(c.get("triton_ms"), TARGETS_MS["conv"])
-    out["conv_torch_over_triton"] = r(c.get("torch_ms"), c.get("triton_ms"))
+    tg_, ta_, tc_ = best_ms(g, "triton_fork_ms"), best_ms(a, "triton_ms"), best_ms(c, "triton_ms")
+    out["gdn_fork_ms_over_target_0.05"] = r(tg_, TARGETS_MS["gdn"])
+    out["gdn_fla_chunk_over_triton"] = r(best_ms(g, "fla_chunk_ms"), tg_)
+    out["gdn_fla_fused_recurrent_over_triton"] = r(best_ms(g, "fla_fused_recurrent_ms"), tg_)
+    out["gdn_slot_copy_over_triton"] = r(best_ms(g, "slot_copy_ms"), tg_)
+    out["gdn_torch_slots_over_triton"] = r(best_ms(g, "torch_slots_ms"), tg_)
+    out["gdn_torch_ref_over_triton"] = r(best_ms(g, "torch_fork_ms"), tg_)
+    out["attention_ms_over_target_0.08"] = r(ta_, TARGETS_MS["attention"])
+    out["attention_sdpa_mask_over_triton"] = r(best_ms(a, "sdpa_bool_mask_ms"), ta_)
+    out["attention_sdpa_decode_over_triton"] = r(best_ms(a, "sdpa_decode_1q_ms"), ta_)
+    out["conv_ms_over_target_0.02"] = r(tc_, TARGETS_MS["conv"])
+    out["conv_torch_over_triton"] = r(best_ms(c, "torch_ms"), tc_)
     return out
+
+
+def merge(paths: list[str], out: Path | None) -> dict:
+    """Combine the JSON of several runs (e.g. one process per section) into one result."""
+    import json
+
+    result: dict = {}
+    for p in paths:
+        part = json.loads(Path(p).read_text())
+        for k, v in part.items():
+            if k in ("gdn", "attention", "conv"):
+                if v:
+                    result.setdefault(k, {}).update(v)
+            elif k == "lossless":
+                result[k] = v
+            elif k != "ratios":
+                result.setdefault(k, v)
+    result["ratios"] = ratios(result)
+    result["merged_from"] = [Path(p).name for p in paths]
+    if out is None:
+        day = str(result.get("date", dt.date.today().isoformat()))[:10]
+        out = RESULTS / f"kernels-{''.join(ch if ch.isalnum() else '-' for ch in result.get('device', 'gpu').lower())}-{day}.json"
+    write_json_atomic(out, result, indent=2)
+    log(table(result))
+    log(f"wrote {out}")
+    return result
 
 
 def main(argv=None) -> dict:
@@ -482,21 +553,24 @@ def main(argv=None) -> dict:
     p.add_argument("--sizes", default="16,64,128")
     p.add_argument("--prefix", type=int, default=4096)
     p.add_argument("--rep-ms", type=int, default=60)
-    p.add_argument("--tune", action="store_true", help="also sweep block configurations")
+    p.add_argument("--no-sweep", action="store_true", help="skip the small block-configuration sweeps at T = 64")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--lossless-prompts", type=int, default=6)
     p.add_argument("--lossless-tokens", type=int, default=64)
     p.add_argument("--lossless-budget", type=int, default=32)
-    p.add_argument("--only", default="gdn,attention,conv,lossless")
+    p.add_argument("--only", default="gdn,conv,attention,lossless")
+    p.add_argument("--merge", nargs="+", default=None, help="combine result files instead of measuring")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out) if args.out else None)
     if not torch.cuda.is_available():
         raise SystemExit("workbench.bench.kernels needs a CUDA device")
     import triton
 
     torch.manual_seed(0)
     sizes = [int(s) for s in args.sizes.split(",")]
-    only = set(args.only.split(","))
+    only = args.only.split(",")
     out = Path(args.out) if args.out else RESULTS / f"kernels-{device_slug()}-{dt.date.today().isoformat()}.json"
     props = torch.cuda.get_device_properties(0)
     result: dict = {
@@ -504,7 +578,10 @@ def main(argv=None) -> dict:
         "triton": triton.__version__, "date": dt.datetime.now().isoformat(timespec="seconds"),
         "shapes": {"gdn": GDN, "attention": ATTN, "conv": CONV, "prefix": args.prefix, "sizes": sizes, "dtype": "bfloat16"},
         "targets_ms_64": TARGETS_MS, "issue_baselines_ms": ISSUE_BASELINES_MS,
-        "timing": "triton.testing.do_bench median (L2 flushed before each call); *_graph: do_bench_cudagraph median",
+        "timing": ("X_ms: triton.testing.do_bench median, L2 flushed before each call, eager (host launch time shows "
+                   "when the host is the bottleneck); X_cold_graph_ms: median of CUDA-graph replays with L2 flushed "
+                   "before each (GPU time, inputs from HBM); X_warm_graph_ms: do_bench_cudagraph median (L2 warm); "
+                   "X_host_us: host time to enqueue one call"),
     }
 
     def save():
@@ -515,7 +592,7 @@ def main(argv=None) -> dict:
     result["floors_64"] = floors(bw, args.prefix)
     log(f"{result['device']}: torch {torch.__version__}, triton {triton.__version__}, copy bandwidth {bw:.0f} GB/s")
     fla = None
-    if not args.no_fla:
+    if "gdn" in only and not args.no_fla:
         try:
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
@@ -526,15 +603,27 @@ def main(argv=None) -> dict:
         except Exception as exc:
             result["fla_version"] = None
             log(f"fla not available ({type(exc).__name__}: {exc}): skipping the fla baselines")
-    sections = [("gdn", lambda t: bench_gdn(t, args.rep_ms, fla)), ("attention", lambda t: bench_attention(t, args.rep_ms, args.prefix)),
-                ("conv", lambda t: bench_conv(t, args.rep_ms))]
-    for name, fn in sections:
-        if name not in only:
+    sweep = not args.no_sweep
+    sections = {"gdn": lambda t: bench_gdn(t, args.rep_ms, fla, sweep), "conv": lambda t: bench_conv(t, args.rep_ms),
+                "attention": lambda t: bench_attention(t, args.rep_ms, args.prefix, sweep)}
+    for name in only:
+        if name == "lossless":
+            if args.lossless_prompts <= 0:
+                continue
+            try:
+                result["lossless"] = lossless(args.lossless_prompts, args.lossless_tokens, args.lossless_budget)
+            except Exception as exc:
+                result["lossless"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+                log(traceback.format_exc())
+            save()
+            for key in ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch"):
+                if key in result["lossless"]:
+                    log(f"lossless {key}: {result['lossless'][key]}")
             continue
         result[name] = {}
         for t in sizes:
             try:
-                result[name][str(t)] = fn(t)
+                result[name][str(t)] = sections[name](t)
             except Exception as exc:
                 result[name][str(t)] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
                 log(traceback.format_exc())
@@ -542,20 +631,6 @@ def main(argv=None) -> dict:
     result["ratios"] = ratios(result)
     save()
     log(table(result))
-    if args.tune:
-        result["tuning"] = tune(max(20, args.rep_ms // 2), args.prefix)
-        save()
-    if "lossless" in only and args.lossless_prompts > 0:
-        try:
-            result["lossless"] = lossless(args.lossless_prompts, args.lossless_tokens, args.lossless_budget)
-        except Exception as exc:
-            result["lossless"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-            log(traceback.format_exc())
-        save()
-        ll = result["lossless"]
-        for key in ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch"):
-            if key in ll:
-                log(f"lossless {key}: {ll[key]}")
     log(f"wrote {out}")
     return result
 

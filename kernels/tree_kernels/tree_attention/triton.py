@@ -18,13 +18,12 @@ Same semantics as naive.py, one launch per layer:
 
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import as_last_contiguous, dot_precision, next_pow2, scratch, sm_count
+from .._triton_common import as_last_contiguous, dot_precision, launch_with_fallback, next_pow2, scratch, sm_count
 
 __all__ = ["tree_attention", "default_config", "plan"]
 
@@ -189,26 +188,31 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
     else:
         amat = as_last_contiguous(anc.view(torch.uint8) if anc.dtype == torch.bool else (anc != 0).to(torch.uint8))
     kv_lo = max(0, prefix_len - int(window) + 1) if window is not None else 0
-    n_mblocks, n_splits, tps = plan(t, hq, hkv, d, s, kv_lo, dev, cfg, num_splits)
     bd = max(16, next_pow2(d))
-    mpad = n_mblocks * cfg["BLOCK_M"]
     o = torch.empty(t, hq, d, dtype=q.dtype, device=dev)
-    split = n_splits > 1
-    if split:
-        part_o = scratch("attn_part_o", n_splits * hkv * mpad * bd, torch.float32, dev)
-        part_l = scratch("attn_part_l", n_splits * hkv * mpad, torch.float32, dev)
-        counter = scratch("attn_counter", hkv * n_mblocks, torch.int32, dev, zero=True)
-    else:
-        part_o = part_l = o
-        counter = scratch("attn_counter", 1, torch.int32, dev, zero=True)
     pos = positions if positions is not None else amat
-    _tree_attn_kernel[(n_mblocks, hkv, n_splits)](
-        q, k, v, o, amat, pos, part_o, part_l, counter,
-        t, prefix_len, s, kv_lo, tps, n_splits, int(window) if window is not None else 0, scale * _LOG2E, mpad,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1), amat.stride(0),
-        GROUP=hq // hkv, D=d, BD=bd, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        SPLIT=split, HAS_WINDOW=window is not None, BITMASK=bitmask is not None, PREC=dot_precision(q.dtype),
-        DOT_F32=_INTERPRETED and q.dtype == torch.bfloat16,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+
+    def launch(c):
+        n_mblocks, n_splits, tps = plan(t, hq, hkv, d, s, kv_lo, dev, c, num_splits)
+        mpad = n_mblocks * c["BLOCK_M"]
+        split = n_splits > 1
+        if split:
+            part_o = scratch("attn_part_o", n_splits * hkv * mpad * bd, torch.float32, dev)
+            part_l = scratch("attn_part_l", n_splits * hkv * mpad, torch.float32, dev)
+            counter = scratch("attn_counter", hkv * n_mblocks, torch.int32, dev, zero=True)
+        else:
+            part_o = part_l = o
+            counter = scratch("attn_counter", 1, torch.int32, dev, zero=True)
+        _tree_attn_kernel[(n_mblocks, hkv, n_splits)](
+            q, k, v, o, amat, pos, part_o, part_l, counter,
+            t, prefix_len, s, kv_lo, tps, n_splits, int(window) if window is not None else 0, scale * _LOG2E, mpad,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1), amat.stride(0),
+            GROUP=hq // hkv, D=d, BD=bd, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+            SPLIT=split, HAS_WINDOW=window is not None, BITMASK=bitmask is not None, PREC=dot_precision(q.dtype),
+            DOT_F32=_INTERPRETED and q.dtype == torch.bfloat16,
+            num_warps=c["num_warps"], num_stages=c["num_stages"],
+        )
+
+    fallback = [dict(cfg, num_stages=1), dict(cfg, BLOCK_N=32, num_stages=1), dict(cfg, BLOCK_M=32, BLOCK_N=32, num_stages=1)]
+    launch_with_fallback(launch, [cfg] + fallback, ("attention", d, str(q.dtype), str(dev)))
     return o

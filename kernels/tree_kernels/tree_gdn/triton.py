@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import as_last_contiguous, dot_precision, next_pow2, path_operand
+from .._triton_common import as_last_contiguous, dot_precision, launch_with_fallback, next_pow2, path_operand
 from .naive import TreeGDNStash
 
 __all__ = ["tree_gdn_fork", "tree_gdn_commit", "default_config"]
@@ -159,10 +159,16 @@ def _gdn_commit_kernel(
 
 
 def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
-    """Block of nodes per solve step (BS), value columns per program (BV), warps."""
-    bs = 16 if t <= 16 else 32 if t <= 32 else 64
+    """Block of nodes per solve step (BS), value columns per program (BV), warps.
+
+    BS = 64 needs more than the 227 KiB of shared memory an H200 block may use (measured:
+    263-271 KiB with BK = 128, BV = 64), so trees are solved in blocks of 16 by default.
+    """
     bv = min(64, max(16, next_pow2(dv)))
-    return {"BS": bs, "BV": bv, "num_warps": 4}
+    return {"BS": 16, "BV": bv, "num_warps": 4}
+
+
+_FALLBACK = [{"BS": 16, "BV": 32, "num_warps": 4}, {"BS": 16, "BV": 16, "num_warps": 4}]
 
 
 def _check(q, k, v, g, beta, state, anc):
@@ -196,16 +202,19 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
     su = torch.empty(t, hv, dv, dtype=torch.float32, device=dev)
     sg = torch.empty(t, hv, dtype=torch.float32, device=dev)
     bk = max(16, next_pow2(dk))
-    bv = min(cfg["BV"], max(16, next_pow2(dv)))
-    grid = (hv, triton.cdiv(dv, bv))
-    _gdn_fork_kernel[grid](
-        q, k, v, g, beta, state, a8, o, sk, su, sg,
-        t, hv // h, hv, scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
-        DK=dk, DV=dv, BK=bk, BV=bv, BS=cfg["BS"], PREC=dot_precision(torch.float32),
-        num_warps=cfg["num_warps"],
-    )
+
+    def launch(c):
+        bv = min(c["BV"], max(16, next_pow2(dv)))
+        _gdn_fork_kernel[(hv, triton.cdiv(dv, bv))](
+            q, k, v, g, beta, state, a8, o, sk, su, sg,
+            t, hv // h, hv, scale,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
+            DK=dk, DV=dv, BK=bk, BV=bv, BS=c["BS"], PREC=dot_precision(torch.float32),
+            num_warps=c["num_warps"],
+        )
+
+    launch_with_fallback(launch, [cfg] + _FALLBACK, ("gdn_fork", dk, dv, str(dev)))
     return o, TreeGDNStash(k=sk, u=su, G=sg)
 
 
