@@ -260,3 +260,30 @@ def test_session_caches_and_validates(session):
 def test_tree_roundtrip_used_by_the_comparison(trace):
     rt = trace.rounds[0]
     assert Tree.from_dict(rt.tree).to_dict() == rt.tree
+
+
+def test_session_with_a_dflash_drafter_directory(tmp_path):
+    """A real (random-weight) DFlash drafter: loaded once, lossless, and the comparison still replays."""
+    from workbench.random_models import write_random_pair
+    from workbench.viz.session import open_session
+
+    target, drafter = write_random_pair(tmp_path, "hybrid", seed=2)
+    s = open_session(str(target), str(drafter), "cpu")
+    ar = s.generate(PROMPT, method="ar", max_new_tokens=16)
+    tree = s.generate(PROMPT, method="ddtree", budget=6, max_new_tokens=16)
+    chain = s.generate(PROMPT, method="dflash", max_new_tokens=16)
+    assert tree.generated_ids == ar.generated_ids == chain.generated_ids
+    assert s._loaded_drafter is not None and tree.settings["drafter"] == str(drafter)
+    c = viz.compare_round(s.target, tree, 0)
+    assert c.trace_logprob_error < 1e-4 and c.accepted_fork == tree.rounds[0].accepted
+
+
+def test_random_hybrid_default_is_written_once_atomically(tmp_path, monkeypatch):
+    from workbench.viz import session as sess
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    first = sess.random_hybrid_dir(0)
+    assert first == tmp_path / "random-hybrid-seed0" / "target" and (first / "tokenizer.json").is_file()
+    stamp = (first / "config.json").stat().st_mtime_ns
+    assert sess.random_hybrid_dir(0) == first and (first / "config.json").stat().st_mtime_ns == stamp
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left

@@ -29,7 +29,9 @@ from ..runner import (
 from ..trace import Trace
 
 DEFAULT_ORACLE = "oracle:p=0.5,rank=1,block=8"
-RANDOM_CACHE = Path(os.environ.get("WORKBENCH_CACHE", REPO_ROOT / "out" / "cache"))
+def cache_dir() -> Path:
+    """Where on-the-fly models go: $WORKBENCH_CACHE, else out/cache in the checkout."""
+    return Path(os.environ.get("WORKBENCH_CACHE") or REPO_ROOT / "out" / "cache")
 
 PROMPT_SETS = {
     "demo": [
@@ -65,7 +67,7 @@ def random_hybrid_dir(seed: int = 0, root: str | Path | None = None) -> Path:
     """
     from ..random_models import write_random_pair
 
-    root = Path(root) if root is not None else RANDOM_CACHE
+    root = Path(root) if root is not None else cache_dir()
     final = root / f"random-hybrid-seed{seed}"
     if (final / "target" / "config.json").is_file() and (final / "target" / "tokenizer.json").is_file():
         return final / "target"
