@@ -137,3 +137,12 @@ def test_list_prints_points(tmp_path, capsys):
                  "--list"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 4 and json.loads(lines[0].split("\t")[1]) == {"budget": 2, "method": "dflash"}
+
+
+def test_combined_table_survives_columns_whose_types_differ_between_points(tmp_path):
+    from workbench.viz.notebook import write_tables
+
+    parquet, csv = write_tables([{"x": 1, "y": [1, 2]}, {"x": "one", "y": None}, {"x": None, "y": [3]}], tmp_path / "t")
+    table = pd.read_parquet(parquet)
+    assert list(table["x"].iloc[:2]) == ["1", "one"] and list(table["y"].iloc[2]) == [3]
+    assert len(pd.read_csv(csv)) == 3

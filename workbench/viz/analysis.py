@@ -578,5 +578,5 @@ def verdict(run: dict, diff: GenerationDiff | None = None, mode: str = "unsafe")
                  f"τ {diff.tau[mode]:.2f} vs fork {diff.tau.get('fork', float('nan')):.2f})"
         )
     bad = (run.get("rounds_path_changed", 0) > 0) or (diff is not None and diff.first_difference.get(mode) is not None)
-    head = f"{mode} is NOT good enough: " if bad else f"{mode} made no difference here (this run never left the first chain?): "
+    head = f"{mode} is NOT good enough: " if bad else f"{mode} matched the exact result on this run (which says nothing about other runs): "
     return head + "; ".join(parts) + "."

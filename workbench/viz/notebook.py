@@ -114,7 +114,7 @@ def write_tables(rows: list[dict], stem: str | Path) -> tuple[Path, Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(_plain(rows))
     parquet, csv = stem.with_suffix(".parquet"), stem.with_suffix(".csv")
-    for path, write in ((parquet, lambda p: df.to_parquet(p, index=False)),
+    for path, write in ((parquet, lambda p: _to_parquet(df, p)),
                         (csv, lambda p: _csv_frame(df).to_csv(p, index=False))):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
@@ -124,6 +124,22 @@ def write_tables(rows: list[dict], stem: str | Path) -> tuple[Path, Path]:
         finally:
             Path(tmp).unlink(missing_ok=True)
     return parquet, csv
+
+
+def _to_parquet(df, path) -> None:
+    """Parquet needs one type per column; rows from different points may disagree (an int here, a
+    string there): such columns are written as JSON text instead of failing the whole table."""
+    try:
+        df.to_parquet(path, index=False)
+        return
+    except Exception:  # pyarrow's ArrowInvalid / ArrowTypeError: retry with mixed columns as text
+        pass
+    fixed = df.copy()
+    for col in fixed.columns:
+        kinds = {type(v).__name__ for v in fixed[col] if v is not None and not (isinstance(v, float) and v != v)}
+        if len(kinds - {"int", "float"}) > 1 or (kinds & {"int", "float"} and kinds - {"int", "float", "bool"}):
+            fixed[col] = fixed[col].map(lambda v: None if v is None else v if isinstance(v, str) else json.dumps(v))
+    fixed.to_parquet(path, index=False)
 
 
 def _csv_frame(df):
