@@ -54,7 +54,9 @@ def test_grid_with_a_failing_point_then_resume(tmp_path, small_target, capsys):
     failed_id = next(pid for pid, p in points.items() if p["status"] == "error")
     mtimes = {pid: (out / "points" / pid / "notebook.ipynb").stat().st_mtime_ns for pid in points}
 
+    (out / "points" / failed_id / "stale.png").write_bytes(b"left over")  # a rerun must start clean
     assert main(argv(out, small_target, *grid, "--resume")) == 1
+    assert not (out / "points" / failed_id / "stale.png").exists()
     err = capsys.readouterr().err
     assert "0 ok, 1 failed, 3 skipped" in err
     for pid in points:

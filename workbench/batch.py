@@ -29,6 +29,7 @@ import hashlib
 import itertools
 import json
 import re
+import shutil
 import sys
 import time
 import traceback
@@ -199,8 +200,10 @@ def run_point(notebook: Path, p: Point, has_out_dir: bool, kernel: str | None, t
     from .trace import write_json_atomic
 
     p.directory.mkdir(parents=True, exist_ok=True)
-    for stale in ("results.json", "status.json"):
-        (p.directory / stale).unlink(missing_ok=True)
+    # a rerun starts clean: nothing from an earlier attempt (rows, figures) may pass for this one's
+    for stale in p.directory.iterdir():
+        if stale.name != "attempts.json":
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     parameters = dict(p.values)
     if has_out_dir:
         parameters["out_dir"] = str(p.directory.resolve())
