@@ -92,7 +92,7 @@ def cmd_train_target(args) -> int:
     model = train_target(config=args.config, corpus_dir=args.corpus, out=args.out, steps=args.steps, batch_size=args.batch_size,
                          seq_len=args.seq_len, lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, seed=args.seed,
                          device=args.device, checkpoint_every=args.checkpoint_every, resume=not args.no_resume,
-                         max_seconds=args.max_seconds, name=args.name, quiet=args.quiet)
+                         max_seconds=args.max_seconds, stop_at=args.stop_at, name=args.name, quiet=args.quiet)
     print(json.dumps({"target": str(model)}))
     return 0
 
@@ -109,7 +109,7 @@ def cmd_train_drafter(args) -> int:
                           self_distill_count=args.self_distill, distill_prompt_lens=tuple(args.distill_prompt_lens),
                           distill_batch=args.distill_batch, distill_fraction=args.distill_fraction, seed=args.seed,
                           device=args.device, checkpoint_every=args.checkpoint_every, resume=not args.no_resume,
-                          max_seconds=args.max_seconds, name=args.name, quiet=args.quiet)
+                          max_seconds=args.max_seconds, stop_at=args.stop_at, name=args.name, quiet=args.quiet)
     print(json.dumps({"drafter": str(model)}))
     return 0
 
@@ -125,6 +125,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=_positive, default=500)
     p.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in --out")
     p.add_argument("--max-seconds", type=_positive_float, default=None, help="stop (and export) after this much training time")
+    p.add_argument("--stop-at", type=_positive, default=None, help="end this call after that step (rerun to resume)")
     p.add_argument("--name", default=None, help="name in the model card")
     p.add_argument("--quiet", action="store_true")
 

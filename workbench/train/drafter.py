@@ -15,6 +15,7 @@ at inference for the same context (tests/test_train.py checks that).
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 from dataclasses import asdict, dataclass
@@ -22,15 +23,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from ..drafters.dflash import DFlashDraftModel, check_pair, parse_dflash_config
 from ..models import CausalLM, load_target
 from ..models.config import load_target_config
-from .common import Logger, TrainError, autocast_for, device_name, peak_memory, pick_device, read_json, seed_everything, sha256_file, versions
+from .common import Logger, TrainError, autocast_for, device_name, peak_memory, pick_device, seed_everything, sha256_file, versions
 from .corpus import MASK_TOKEN, Corpus, check_corpus_tokenizer, is_prepared, load_corpus, prepare_corpus
 from .export import export_drafter, utc_now, write_card
 from .fast import batched_hidden, greedy_generate
-from .loop import Schedule, run_steps, smoothed_loss, step_generator, windows_at
+from .loop import Schedule, parse_steps, run_steps, smoothed_loss, step_generator, windows_at
 from .presets import drafter_config_dict
 
 
@@ -145,9 +148,13 @@ def sample_anchors(lengths_lo: torch.Tensor, t: int, block: int, per_seq: int, g
 
 @torch.no_grad()
 def self_distill(target: CausalLM, tokens: torch.Tensor, count: int, length: int, prompt_lens: list[int], batch: int,
-                 seed: int, device, log=print) -> tuple[torch.Tensor, torch.Tensor]:
+                 seed: int, device, log=print, max_seconds: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` sequences of ``length`` tokens: a corpus window of a (seeded) prompt length, then the
-    target's greedy continuation. Returns (sequences [count, length], prompt lengths [count])."""
+    target's greedy continuation. Returns (sequences [count, length], prompt lengths [count]).
+    With ``max_seconds`` generation stops after the batch that crosses it (at least one batch)."""
+    import time
+
+    t0 = time.time()
     if any(not 1 <= p < length for p in prompt_lens):
         raise TrainError(f"prompt lengths {prompt_lens} must lie in [1, {length})")
     device = torch.device(device)
@@ -165,6 +172,9 @@ def self_distill(target: CausalLM, tokens: torch.Tensor, count: int, length: int
         done += n
         i += 1
         log(f"self-distillation: {done}/{count} sequences (prompt {p} + {length - p} generated tokens)")
+        if max_seconds is not None and time.time() - t0 > max_seconds and done < count:
+            log(f"self-distillation: time budget of {max_seconds:.0f}s reached after {done} sequences")
+            break
     return torch.cat(seqs), torch.cat(plens)
 
 
@@ -216,7 +226,7 @@ def train_drafter(
     target_dir: str | Path,
     corpus: str | Path,
     out: str | Path,
-    steps: int,
+    steps: int | str,
     batch_size: int = 64,
     seq_len: int = 512,
     blocks_per_seq: int = 16,
@@ -233,11 +243,14 @@ def train_drafter(
     distill_prompt_lens: tuple[int, ...] = (64, 128, 192, 256),
     distill_batch: int = 512,
     distill_fraction: float = 0.75,
+    distill_seconds: float | None = None,
     seed: int = 0,
     device: str = "auto",
     checkpoint_every: int = 500,
     resume: bool = True,
     max_seconds: float | None = None,
+    stop_at: int | None = None,
+    max_steps: int | None = None,
     name: str | None = None,
     quiet: bool = False,
     log=None,
@@ -284,18 +297,29 @@ def train_drafter(
 
     gen = gen_plen = None
     gen_seconds = 0.0
-    if self_distill_count > 0:
+    distill_file = out / "distill.safetensors"
+    distill_key = json.dumps([self_distill_count, seq_len, list(distill_prompt_lens), seed, _target_fingerprint(target_dir)])
+    if self_distill_count > 0 and resume and distill_file.is_file():
+        with safe_open(str(distill_file), framework="pt") as f:
+            if f.metadata().get("key") == distill_key:  # the set a resumed run trained on (generation may be time-bounded)
+                gen, gen_plen = f.get_tensor("tokens").long(), f.get_tensor("prompt_lens").long()
+                gen_seconds = float(f.metadata().get("seconds", 0))
+                log(f"self-distillation: reusing {gen.shape[0]} sequences from {distill_file}")
+    if self_distill_count > 0 and gen is None:
         import time
 
         t0 = time.time()
         target.eval()
         gen, gen_plen = self_distill(target, data.train, self_distill_count, seq_len, list(distill_prompt_lens),
-                                     distill_batch, seed, dev, log)
-        gen, gen_plen = gen.to(dev), gen_plen.to(dev)
+                                     distill_batch, seed, dev, log, distill_seconds)
         gen_seconds = time.time() - t0
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({"tokens": gen.to(torch.int32), "prompt_lens": gen_plen}, str(distill_file),
+                  metadata={"key": distill_key, "seconds": f"{gen_seconds:.1f}"})
         log(f"self-distillation: {gen.shape[0]} sequences in {gen_seconds:.1f}s")
+    if gen is not None:
+        gen, gen_plen = gen.to(dev), gen_plen.to(dev)
     taps = tuple(dcfg.target_layer_ids)
-    weights = position_weights(block_size, gamma)
 
     def batch_at(step):
         g = step_generator(seed, step, stream=3)
@@ -325,10 +349,11 @@ def train_drafter(
         "config": raw, "target_sha256": _target_fingerprint(target_dir), "corpus": data.manifest["fingerprint"],
         "distill_prompt_lens": list(distill_prompt_lens)}
     state = {"kind": "drafter", "hyper": hyper}
-    sched = Schedule(steps=steps, lr=lr, warmup=min(warmup, steps // 10), weight_decay=weight_decay)
+    steps = parse_steps(steps)
+    sched = Schedule(steps=steps, lr=lr, warmup=min(warmup, steps // 10) if steps else warmup, weight_decay=weight_decay)
     state = run_steps(model=drafter, params_model=drafter, sched=sched, loss_fn=loss_fn, device=dev,
                       checkpoint_dir=out / "checkpoint", state=state, checkpoint_every=checkpoint_every, resume=resume,
-                      max_seconds=max_seconds, log=log, desc="train-drafter", quiet=quiet)
+                      max_seconds=max_seconds, stop_at=stop_at, max_steps=max_steps, log=log, desc="train-drafter", quiet=quiet)
     drafter.eval()
     evals = {}
     for label, source in (("corpus_heldout", data.heldout), ("self_distilled", None)):
@@ -355,12 +380,13 @@ def train_drafter(
         "mask_token_id": mask_token_id,
         "gamma": gamma,
         "data": {"corpus": {k: data.manifest.get(k) for k in ("source", "interpreter", "tokens", "fingerprint")},
-                 "self_distilled_sequences": self_distill_count, "self_distill_fraction_of_batches": distill_fraction if gen is not None else 0.0,
+                 "self_distilled_sequences": int(gen.shape[0]) if gen is not None else 0, "self_distill_fraction_of_batches": distill_fraction if gen is not None else 0.0,
                  "self_distill_prompt_lens": list(distill_prompt_lens) if gen is not None else [],
                  "self_distill_seconds": round(gen_seconds, 1)},
         "interpreter": data.manifest.get("interpreter"),
         "steps": steps_done,
-        "steps_planned": steps,
+        "steps_planned": state["schedule"]["steps"],
+        "auto_steps": state.get("auto_steps"),
         "stopped_early": state.get("stopped_early", False),
         "batch": {"sequences": batch_size, "seq_len": seq_len, "blocks_per_sequence": blocks_per_seq},
         "tokens_seen": steps_done * batch_size * seq_len,

@@ -24,7 +24,7 @@ from .common import Logger, TrainError, autocast_for, device_name, peak_memory, 
 from .corpus import check_corpus_tokenizer, load_corpus
 from .export import export_target, utc_now, write_card
 from .fast import batched_logits
-from .loop import Schedule, run_steps, smoothed_loss, windows_at
+from .loop import Schedule, parse_steps, run_steps, smoothed_loss, windows_at
 from .presets import TARGET_PRESETS, target_config_dict
 
 
@@ -107,6 +107,8 @@ def resolve_target_config(spec: str, vocab_size: int, eos_id: int) -> dict:
     if spec in TARGET_PRESETS:
         return target_config_dict(spec, vocab_size, eos_id)
     path = Path(spec)
+    if not path.exists():
+        raise TrainError(f"target config {spec!r}: not a known preset ({', '.join(sorted(TARGET_PRESETS))}) and not a config.json path")
     raw = read_json(path / "config.json" if path.is_dir() else path, "target config")
     parse_target_config(raw)
     if int(raw.get("vocab_size", -1)) != vocab_size:
@@ -119,7 +121,7 @@ def train_target(
     config: str,
     corpus_dir: str | Path,
     out: str | Path,
-    steps: int,
+    steps: int | str,
     batch_size: int = 32,
     seq_len: int = 1024,
     lr: float = 2e-3,
@@ -130,6 +132,8 @@ def train_target(
     checkpoint_every: int = 500,
     resume: bool = True,
     max_seconds: float | None = None,
+    stop_at: int | None = None,
+    max_steps: int | None = None,
     eval_tokens: int | None = None,
     name: str | None = None,
     quiet: bool = False,
@@ -159,7 +163,8 @@ def train_target(
     model.reset_rotary()
     model.requires_grad_(True)  # explicit: inference models come frozen
     train_tokens = corpus.train
-    sched = Schedule(steps=steps, lr=lr, warmup=min(warmup, steps // 10), weight_decay=weight_decay)
+    steps = parse_steps(steps)
+    sched = Schedule(steps=steps, lr=lr, warmup=min(warmup, steps // 10) if steps else warmup, weight_decay=weight_decay)
     hyper = asdict(TargetHyper(batch_size, seq_len, seed)) | {"config": raw, "corpus": corpus.manifest["fingerprint"]}
     state = {"kind": "target", "hyper": hyper}
     params = sum(p.numel() for p in model.parameters())
@@ -171,7 +176,7 @@ def train_target(
 
     state = run_steps(model=model, params_model=model, sched=sched, loss_fn=loss_fn, device=dev,
                       checkpoint_dir=out / "checkpoint", state=state, checkpoint_every=checkpoint_every, resume=resume,
-                      max_seconds=max_seconds, log=log, desc="train-target", quiet=quiet)
+                      max_seconds=max_seconds, stop_at=stop_at, max_steps=max_steps, log=log, desc="train-target", quiet=quiet)
     model.eval()
     heldout = evaluate_lm(model, corpus.heldout, seq_len, dev, max_tokens=eval_tokens) if corpus.heldout.numel() > 1 else None
     train_eval = evaluate_lm(model, corpus.train, seq_len, dev, max_tokens=heldout["tokens"] if heldout else 200_000)
@@ -193,7 +198,8 @@ def train_target(
         "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": vocab, "eos_token_id": eos_id,
                       "sha256": corpus.manifest.get("tokenizer_sha256")},
         "steps": steps_done,
-        "steps_planned": steps,
+        "steps_planned": state["schedule"]["steps"],
+        "auto_steps": state.get("auto_steps"),
         "stopped_early": state.get("stopped_early", False),
         "batch": {"sequences": batch_size, "seq_len": seq_len},
         "tokens_seen": steps_done * batch_size * seq_len,

@@ -34,26 +34,30 @@ PACK_LIMIT = int(15.5 * 2**20)
 class Scale:
     vocab_size: int = 4096
     heldout_fraction: float = 0.02
-    target_steps: int = 3000
+    target_steps: int | str = "auto"  # auto: calibrated to target_seconds
+    target_max_steps: int = 20000
     target_batch: int = 32
     target_seq_len: int = 1024
     target_lr: float = 2e-3
     target_warmup: int = 200
-    drafter_steps: int = 3000
+    drafter_steps: int | str = "auto"  # auto: calibrated to drafter_seconds (or what the deadline leaves)
+    drafter_max_steps: int = 20000
     drafter_batch: int = 64
     drafter_seq_len: int = 512
     drafter_blocks: int = 16
-    drafter_lr: float = 1e-3
+    drafter_lr: float = 1.5e-3
     drafter_warmup: int = 200
-    distill: int = 4096
+    distill: int = 16384  # an upper bound: generation is time-bounded by distill_seconds
     distill_batch: int = 1024
     distill_prompt_lens: tuple = (64, 128, 192, 256)
     distill_fraction: float = 0.75
     block_size: int = 16
     gamma: float = 7.0
     checkpoint_every: int = 500
-    target_seconds: float | None = None
-    drafter_seconds: float | None = None
+    target_seconds: float | None = 250.0
+    drafter_seconds: float | None = 180.0
+    distill_seconds: float | None = 40.0
+    reserve_seconds: float = 35.0  # kept free before the deadline for evaluation, export and packing
     presets: dict = field(default_factory=lambda: {p: p for p in PAIRS})
 
 
@@ -138,7 +142,7 @@ def unpack(pack_dir: Path, out: Path) -> list[str]:
 
 
 def build_pair(pair: str, out: Path, work: Path, corpus_dir: Path, scale: Scale, device: str, seed: int,
-               pack: Path | None, quiet: bool, log_path: Path | None) -> dict:
+               pack: Path | None, quiet: bool, log_path: Path | None, deadline: float | None = None) -> dict:
     from .drafter import train_drafter
     from .presets import DRAFTER_PRESETS
     from .target import train_target
@@ -146,10 +150,21 @@ def build_pair(pair: str, out: Path, work: Path, corpus_dir: Path, scale: Scale,
     log = Logger(log_path, quiet=quiet, prefix=f"{pair}: ")
     preset = scale.presets[pair]
     t0 = time.time()
+
+    def budget(planned):
+        """A phase's seconds: as planned, but never past the deadline minus the reserve."""
+        if deadline is None:
+            return planned
+        left = deadline - time.time() - scale.reserve_seconds
+        if left < 5:
+            raise TrainError(f"{pair}: the deadline leaves {left:.0f}s, too little to train")
+        return left if planned is None else min(planned, left)
+
     tdir = train_target(config=preset, corpus_dir=corpus_dir, out=work / pair, steps=scale.target_steps,
                         batch_size=scale.target_batch, seq_len=scale.target_seq_len, lr=scale.target_lr,
                         warmup=scale.target_warmup, seed=seed, device=device, checkpoint_every=scale.checkpoint_every,
-                        max_seconds=scale.target_seconds, name=pair, quiet=quiet, log=log)
+                        max_seconds=budget(scale.target_seconds), max_steps=scale.target_max_steps, name=pair,
+                        quiet=quiet, log=log)
     final_t = out / pair
     if final_t.exists():
         shutil.rmtree(final_t)
@@ -163,9 +178,10 @@ def build_pair(pair: str, out: Path, work: Path, corpus_dir: Path, scale: Scale,
                          block_size=scale.block_size, gamma=scale.gamma, num_layers=dp["num_layers"],
                          intermediate_size=dp["intermediate_size"], lr=scale.drafter_lr, warmup=scale.drafter_warmup,
                          self_distill_count=scale.distill, distill_prompt_lens=tuple(scale.distill_prompt_lens),
-                         distill_batch=scale.distill_batch, distill_fraction=scale.distill_fraction, seed=seed + 1,
-                         device=device, checkpoint_every=scale.checkpoint_every, max_seconds=scale.drafter_seconds,
-                         name=f"{pair}-dflash", quiet=quiet, log=log)
+                         distill_batch=scale.distill_batch, distill_fraction=scale.distill_fraction,
+                         distill_seconds=scale.distill_seconds, seed=seed + 1, device=device,
+                         checkpoint_every=scale.checkpoint_every, max_steps=scale.drafter_max_steps,
+                         max_seconds=_drafter_budget(budget, scale), name=f"{pair}-dflash", quiet=quiet, log=log)
     final_d = out / f"{pair}-dflash"
     if final_d.exists():
         shutil.rmtree(final_d)
@@ -174,6 +190,17 @@ def build_pair(pair: str, out: Path, work: Path, corpus_dir: Path, scale: Scale,
         pack_model(final_d, pack)
     log(f"done: target {t1 - t0:.0f}s, drafter {time.time() - t1:.0f}s")
     return {"pair": pair, "target_seconds": t1 - t0, "drafter_seconds": time.time() - t1}
+
+
+def _drafter_budget(budget, scale: Scale):
+    """Drafter training time: what the deadline leaves once self-distillation (and its last batch) is done."""
+    left = budget(None)  # None without a deadline
+    if left is None:
+        return scale.drafter_seconds
+    left -= ((scale.distill_seconds or 0) + 15) if scale.distill else 5
+    if scale.drafter_seconds is not None:
+        left = min(left, scale.drafter_seconds)
+    return max(5.0, left)
 
 
 def zoo_size(out: Path) -> dict:
@@ -200,8 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logs", default=None, help="per-pair log files here (default: the work directory)")
     p.add_argument("--prepare-only", action="store_true", help="stop after the tokenizer and corpus")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a Scale field, e.g. target_steps=2000")
+    p.add_argument("--deadline-seconds", type=float, default=None,
+                   help="finish everything within this many seconds from now (phases shrink to fit)")
+    p.add_argument("--deadline-at", type=float, default=None, help=argparse.SUPPRESS)  # absolute, for the children
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    deadline = args.deadline_at or (time.time() + args.deadline_seconds if args.deadline_seconds else None)
     scale = SCALES[args.scale]
     for item in args.set:
         key, _, value = item.partition("=")
@@ -210,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         current = getattr(scale, key)
         if isinstance(current, tuple):
             parsed = tuple(int(v) for v in value.split(","))
+        elif key in ("target_steps", "drafter_steps"):
+            parsed = value if value == "auto" else int(value)
         elif current is None or isinstance(current, float):
             parsed = None if value == "none" else float(value)
         else:
@@ -236,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             for pair in pairs:
                 cmd = [sys.executable, "-m", "workbench.train.zoo", "--out", str(out), "--work", str(work), "--corpus", str(corpus_dir),
                        "--scale", args.scale, "--pairs", pair, "--device", args.device, "--seed", str(args.seed), "--logs", str(logs)]
-                cmd += [f"--set={s}" for s in args.set] + (["--pack", str(pack)] if pack else []) + (["--quiet"] if args.quiet else [])
+                cmd += [f"--set={s}" for s in args.set] + ([f"--deadline-at={deadline}"] if deadline else []) + (["--pack", str(pack)] if pack else []) + (["--quiet"] if args.quiet else [])
                 procs.append((pair, subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))))
             failed = [pair for pair, proc in procs if proc.wait() != 0]
             if failed:
@@ -244,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for pair in pairs:
                 results.append(build_pair(pair, out, work, corpus_dir, scale, args.device, args.seed, pack, args.quiet,
-                                          logs / f"{pair}.log"))
+                                          logs / f"{pair}.log", deadline))
         summary = {"scale": asdict(scale), "results": results, "zoo": zoo_size(out)}
         write_json(work / "zoo-summary.json", summary)
         print(json.dumps({"zoo": str(out), "total_mib": round(summary["zoo"]["total_mib"], 2)}))
