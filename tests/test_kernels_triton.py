@@ -276,6 +276,7 @@ ATTN_CASES = [
     (64, 16, "mixed", 37, 4, 2, 64, 20),
     (100, 5, "wide", 5, 2, 1, 16, 3),
     (256, 16, "mixed", 3, 1, 1, 16, None),
+    (5, 2, "mixed", 20, 6, 2, 256, None),  # the production head dim (its own default blocks)
 ]
 
 
@@ -321,6 +322,17 @@ def test_tree_attention_half_types_and_mask_is_used(dtype):
     # a chain mask over the same block (every earlier node visible) gives other outputs
     flat = attn_naive.tree_attention(q.float(), k.float(), v.float(), c.flattened().anc, 50, None, c.positions, None)
     assert maxdiff(o.float(), flat) > 5e-2
+
+
+def test_tree_attention_production_head_dim_bf16_defaults():
+    """D = 256 in bf16 takes its own default blocks (BLOCK_M = 128) and the split-K merge."""
+    tree = random_tree(9, 3, seed=4)
+    c = compile_tree(tree, 150)
+    q, k, v = attn_inputs(9, 150, 6, 2, 256, seed=5, dtype=torch.bfloat16)
+    assert attn_tr.default_config(9, 6, 2, 256, torch.bfloat16)["BLOCK_M"] == 128
+    o = attn_tr.tree_attention(q, k, v, c.anc, 150, None, c.positions, None, num_splits=2)
+    ref = attn_naive.tree_attention(q.float(), k.float(), v.float(), c.anc, 150, None, c.positions, None)
+    assert o.dtype == torch.bfloat16 and maxdiff(o.float(), ref) < 2e-2
 
 
 # ------------------------------------------------------------------------------------- dispatch

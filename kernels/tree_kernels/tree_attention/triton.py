@@ -141,13 +141,20 @@ _INTERPRETED = type(_tree_attn_kernel).__name__ == "InterpretedFunction"
 
 
 def default_config(t: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> dict:
-    big = d > 128
+    """Block sizes and the split-K target (about ``waves`` x SMs programs).
+
+    head_dim > 128: BLOCK_M = 128 (each K/V tile serves 128 (node, head) rows), 8 warps: the
+    best of the sweep on an H200 at T = 64, prefix 4096, 24/4 heads, D = 256 (60.7 us vs 90.8 us
+    for BLOCK_M = 64; data/results/kernels-nvidia-h200-2026-12-02.json).
+    """
+    if d > 128 and dtype != torch.float32:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "waves": 1.0}
     return {
         "BLOCK_M": 64,
         "BLOCK_N": 64 if d <= 128 or dtype != torch.float32 else 32,
-        "num_warps": 8 if big else 4,
+        "num_warps": 8 if d > 128 else 4,
         "num_stages": 2,
-        "waves": 1.0,  # split-K target: about waves * SMs programs
+        "waves": 1.0,
     }
 
 
