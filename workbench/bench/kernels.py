@@ -9,14 +9,17 @@ Per tree size (16 / 64 / 128 nodes, a DDTree-shaped tree), prefix 4096, bf16, on
 - tree attention: Triton; the torch reference; SDPA with a bool mask; SDPA decode of one query.
 - tree conv1d (10240 channels, width 4): Triton conv + commit; the torch references.
 
-Timings are medians of ``triton.testing.do_bench`` (it flushes L2 before every call, so inputs
-come from HBM as they would inside a real forward); ``graph_ms`` repeats the Triton kernels
-inside a CUDA graph (no host launch overhead, L2 not flushed). Every bf16 kernel output is
+Timings are medians: ``X_ms`` from ``triton.testing.do_bench`` (eager; it flushes L2 before every
+call, and shows host launch time when the host is the bottleneck), ``X_cold_graph_ms`` from CUDA
+graph replays with L2 flushed before each (GPU time, inputs from HBM: what the targets are
+compared with), ``X_warm_graph_ms`` from ``do_bench_cudagraph`` (L2 warm), ``X_host_us`` the host
+time to enqueue one call. A block-configuration sweep runs at T = 64. Every bf16 kernel output is
 compared with an fp32 reference on the same inputs (max abs error, and relative to max |ref|).
 Then greedy losslessness on the GPU: a random bf16 hybrid target, the oracle drafter, DDTree +
 fork with the Triton kernels against AR; each divergence is checked for a near-tie of the top-2
 logits. Results: data/results/kernels-<device>-<date>.json (written atomically, also after each
-section so a cut-short run keeps what it measured) and a table on stdout.
+section so a cut-short run keeps what it measured) and a table on stdout. ``--only`` runs some
+sections (e.g. one process each), ``--merge a.json b.json ...`` combines their files.
 """
 
 from __future__ import annotations
