@@ -410,3 +410,46 @@ def test_file_in_a_fresh_interpreter():
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
                        env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# the fast path's static-shape entry points (device prefix length, padded paths with a device count)
+
+
+def test_static_entry_points_dispatch_to_triton_and_match_the_references():
+    from tree_kernels import static as st
+
+    g = torch.Generator().manual_seed(11)
+    tree = random_tree(23, 6, seed=5)
+    c = compile_tree(tree, 9)
+    cap = 9 + 23 + 13  # the whole buffer, rows past P + T hold garbage the kernel must not read
+    q = torch.randn(23, 6, 32, generator=g)
+    k_all, v_all = torch.randn(cap, 2, 32, generator=g), torch.randn(cap, 2, 32, generator=g)
+    k_all[9 + 23 :] = float("nan")
+    v_all[9 + 23 :] = float("nan")
+    prefix_t = torch.tensor(9)
+    ref = attn_naive.tree_attention(q, k_all[: 9 + 23], v_all[: 9 + 23], c.anc, 9, positions=c.positions)
+    with tk.use_backend("triton"):
+        got = st.tree_attention_static(q, k_all, v_all, c.anc, prefix_t, positions=c.positions)
+        got_w = st.tree_attention_static(q, k_all, v_all, c.anc, prefix_t, positions=c.positions, window=7)
+    assert (got - ref).abs().max() < 1e-4
+    ref_w = attn_naive.tree_attention(q, k_all[: 9 + 23], v_all[: 9 + 23], c.anc, 9, positions=c.positions, window=7)
+    assert (got_w - ref_w).abs().max() < 1e-4
+    # GDN and conv commits of a padded path with the valid length on the device
+    qq, kk = torch.nn.functional.normalize(torch.randn(2, 23, 3, 16, generator=g), dim=-1)
+    v = torch.randn(23, 9, 24, generator=g)
+    gate, beta = -torch.rand(23, 9, generator=g), torch.rand(23, 9, generator=g)
+    S0 = torch.randn(9, 16, 24, generator=g)
+    _, stash = gdn_naive.tree_gdn_fork(qq, kk, v, gate, beta, S0, c.anc)
+    path = tree.path_to(20)
+    padded = torch.tensor(path + [0] * (7 - len(path)))
+    valid = torch.arange(7) < len(path)
+    x, state = torch.randn(23, 40, generator=g), torch.randn(40, 3, generator=g)
+    count = torch.tensor(len(path))
+    with tk.use_backend("triton"):
+        s_got = st.tree_gdn_commit_padded(stash, S0, padded, valid)
+        c_got = st.conv_commit_static(False, x, state, padded, count)
+        f_got = st.conv_commit_static(True, x, state, padded, count)
+    assert (s_got - gdn_naive.tree_gdn_commit(stash, S0, path)).abs().max() < 1e-4
+    assert torch.equal(c_got, conv_naive.tree_conv_commit(x, state, path))
+    assert torch.equal(f_got, conv_naive.tree_conv_commit(x, state, list(range(21))))

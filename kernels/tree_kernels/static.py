@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from .backend import use_triton
 from .tree_gdn.naive import TreeGDNStash
+
+_TRITON_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def tree_visibility_static(anc, prefix_t, capacity: int, positions=None, window: int | None = None):
@@ -26,6 +29,10 @@ def tree_visibility_static(anc, prefix_t, capacity: int, positions=None, window:
 
 def tree_attention_static(q, k_all, v_all, anc, prefix_t, scale=None, positions=None, window=None):
     """tree_attention over the full cache buffers [capacity, Hkv, D], masked by the device prefix length."""
+    if use_triton(q) and q.dtype in _TRITON_FLOATS and q.shape[-1] <= 256:
+        from .tree_attention import triton as impl
+
+        return impl.tree_attention(q, k_all, v_all, anc, prefix_t, scale, positions, window)
     t, hq, d = q.shape
     cap, hkv, _ = k_all.shape
     scale = d**-0.5 if scale is None else scale
@@ -41,6 +48,10 @@ def tree_attention_static(q, k_all, v_all, anc, prefix_t, scale=None, positions=
 def tree_gdn_commit_padded(stash: TreeGDNStash, state, path, valid):
     """State after the last valid slot of a padded path: exp(G_a) S0 + sum_valid exp(G_a - G_m) k_m u_m^T."""
     count = valid.sum()
+    if use_triton(stash.G) and state.dtype in _TRITON_FLOATS and stash.k.dtype in _TRITON_FLOATS:
+        from .tree_gdn import triton as impl
+
+        return impl.tree_gdn_commit(stash, state, path, count=count.clamp(min=1))
     a = path.gather(0, (count - 1).clamp(min=0).reshape(1))[0]
     Ga = stash.G[a]  # [HV]
     w = torch.where(valid[:, None], torch.exp(Ga[None, :] - stash.G[path]), torch.zeros_like(stash.G[path]))
@@ -53,6 +64,13 @@ def conv_commit_static(flat: bool, x, conv_state, path, count):
     keep = conv_state.shape[1]
     if keep == 0:
         return conv_state
+    if use_triton(x) and x.dtype in _TRITON_FLOATS and keep <= 3:
+        from .tree_conv import triton as impl
+
+        if flat:  # the flattened order up to the last accepted node
+            last = path.gather(0, (count - 1).reshape(1))[0]
+            return impl.tree_conv_commit(x, conv_state, torch.arange(x.shape[0], device=x.device), count=last + 1)
+        return impl.tree_conv_commit(x, conv_state, path, count=count)
     offsets = torch.arange(keep, device=x.device)
     if flat:
         last = path.gather(0, (count - 1).reshape(1))[0]

@@ -32,14 +32,19 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _tree_attn_kernel(
-    Q, K, V, O, Anc, Pos, PartO, PartL, Counter,
+    Q, K, V, O, Anc, Pos, PartO, PartL, Counter, Prefix,
     T, P, S, kv_lo, tiles_per_split, n_splits, window, qk_scale, mpad,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, sa_n,
     GROUP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, BITMASK: tl.constexpr, PREC: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr, DEVICE_PREFIX: tl.constexpr,
 ):
+    if DEVICE_PREFIX:
+        # the fast path: the prefix length lives on the device and K/V are the whole cache
+        # buffers; splits are planned over the buffer and those past P + T find nothing to do
+        P = tl.load(Prefix).to(tl.int32)
+        S = P + T
     pid_m = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -174,9 +179,12 @@ def plan(t, hq, hkv, d, s, kv_lo, device, cfg, num_splits=None):
 
 def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=None, *,
                    bitmask: torch.Tensor | None = None, num_splits: int | None = None, config: dict | None = None):
+    """``prefix_len`` an int (K/V hold exactly P + T rows), or a device scalar tensor (K/V are the
+    whole cache buffers; rows past P + T are never read): the fast path, graph-capturable."""
     t, hq, d = q.shape
     s, hkv, _ = k.shape
-    if s != prefix_len + t or v.shape[:2] != (s, hkv) or hq % hkv:
+    device_prefix = isinstance(prefix_len, torch.Tensor)
+    if (not device_prefix and s != prefix_len + t) or v.shape[:2] != (s, hkv) or hq % hkv:
         raise ValueError(
             f"tree_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
             f"prefix_len {prefix_len} do not fit"
@@ -194,7 +202,9 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
         amat = as_last_contiguous(bitmask)
     else:
         amat = as_last_contiguous(anc.view(torch.uint8) if anc.dtype == torch.bool else (anc != 0).to(torch.uint8))
-    kv_lo = max(0, prefix_len - int(window) + 1) if window is not None else 0
+    kv_lo = max(0, prefix_len - int(window) + 1) if window is not None and not device_prefix else 0
+    prefix_arg = prefix_len.reshape(1) if device_prefix else q  # a dummy pointer when P is an int
+    p_int = 0 if device_prefix else prefix_len
     bd = max(16, next_pow2(d))
     o = torch.empty(t, hq, d, dtype=q.dtype, device=dev)
     pos = positions if positions is not None else amat
@@ -211,12 +221,12 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
             part_o = part_l = o
             counter = scratch("attn_counter", 1, torch.int32, dev, zero=True)
         _tree_attn_kernel[(n_mblocks, hkv, n_splits)](
-            q, k, v, o, amat, pos, part_o, part_l, counter,
-            t, prefix_len, s, kv_lo, tps, n_splits, int(window) if window is not None else 0, scale * _LOG2E, mpad,
+            q, k, v, o, amat, pos, part_o, part_l, counter, prefix_arg,
+            t, p_int, s, kv_lo, tps, n_splits, int(window) if window is not None else 0, scale * _LOG2E, mpad,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1), amat.stride(0),
             GROUP=hq // hkv, D=d, BD=bd, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
             SPLIT=split, HAS_WINDOW=window is not None, BITMASK=bitmask is not None, PREC=dot_precision(q.dtype),
-            DOT_F32=_INTERPRETED and q.dtype == torch.bfloat16,
+            DOT_F32=_INTERPRETED and q.dtype == torch.bfloat16, DEVICE_PREFIX=device_prefix,
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
 

@@ -50,9 +50,11 @@ def _tree_conv_kernel(
 
 @triton.jit(do_not_specialize=["plen"])
 def _conv_commit_kernel(
-    X, CS, Path, Out, C, plen, sx_t, scs_c, scs_w,
-    KEEP: tl.constexpr, BC: tl.constexpr, IS_RANGE: tl.constexpr,
+    X, CS, Path, Out, Count, C, plen, sx_t, scs_c, scs_w,
+    KEEP: tl.constexpr, BC: tl.constexpr, IS_RANGE: tl.constexpr, DEVICE_COUNT: tl.constexpr,
 ):
+    if DEVICE_COUNT:  # a padded path whose valid length lives on the device (fast path)
+        plen = tl.load(Count).to(tl.int32)
     cols = tl.program_id(0) * BC + tl.arange(0, BC)
     cm = cols < C
     for j in tl.static_range(KEEP):
@@ -100,7 +102,7 @@ def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", *, block_
     return y
 
 
-def tree_conv_commit(x, conv_state, path, *, block_c: int = 1024, num_warps: int = 4):
+def tree_conv_commit(x, conv_state, path, *, count: torch.Tensor | None = None, block_c: int = 1024, num_warps: int = 4):
     """Conv state after accepting ``path`` (the last W-1 inputs along it), one launch.
 
     ``path``: a host list (copied once and cached: every layer of a round commits the same
@@ -113,7 +115,8 @@ def tree_conv_commit(x, conv_state, path, *, block_c: int = 1024, num_warps: int
     c = conv_state.shape[0]
     out = torch.empty(c, keep, dtype=conv_state.dtype, device=conv_state.device)
     _conv_commit_kernel[(triton.cdiv(c, block_c),)](
-        x, conv_state, idx if idx is not None else x, out, c, plen, x.stride(0), conv_state.stride(0), conv_state.stride(1),
-        KEEP=keep, BC=block_c, IS_RANGE=is_range, num_warps=num_warps,
+        x, conv_state, idx if idx is not None else x, out, count.reshape(1) if count is not None else out,
+        c, plen, x.stride(0), conv_state.stride(0), conv_state.stride(1),
+        KEEP=keep, BC=block_c, IS_RANGE=is_range, DEVICE_COUNT=count is not None, num_warps=num_warps,
     )
     return out

@@ -127,11 +127,13 @@ def _gdn_fork_kernel(
 
 @triton.jit(do_not_specialize=["plen"])
 def _gdn_commit_kernel(
-    S0, SK, SU, SG, Path, Out,
+    S0, SK, SU, SG, Path, Out, Count,
     plen, HV,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BP: tl.constexpr,
-    IS_RANGE: tl.constexpr, PREC: tl.constexpr,
+    IS_RANGE: tl.constexpr, PREC: tl.constexpr, DEVICE_COUNT: tl.constexpr,
 ):
+    if DEVICE_COUNT:  # a padded path whose valid length lives on the device (fast path)
+        plen = tl.load(Count).to(tl.int32)
     j = tl.program_id(0)
     offk = tl.program_id(1) * BK + tl.arange(0, BK)
     offv = tl.program_id(2) * BV + tl.arange(0, BV)
@@ -218,8 +220,12 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
     return o, TreeGDNStash(k=sk, u=su, G=sg)
 
 
-def tree_gdn_commit(stash: TreeGDNStash, state, path, *, block_k: int | None = None, block_v: int | None = None, num_warps: int = 4):
-    """State after the accepted node path[-1] from the stash, one launch. fp32 [HV, dk, dv]."""
+def tree_gdn_commit(stash: TreeGDNStash, state, path, *, count: torch.Tensor | None = None,
+                    block_k: int | None = None, block_v: int | None = None, num_warps: int = 4):
+    """State after the accepted node path[-1] from the stash, one launch. fp32 [HV, dk, dv].
+
+    With ``count`` (a device scalar), ``path`` is a padded device tensor whose first ``count``
+    entries are the path: no host sync, graph-capturable."""
     t, hv, dk = stash.k.shape
     dv = stash.u.shape[-1]
     if state.shape != (hv, dk, dv):
@@ -233,8 +239,9 @@ def tree_gdn_commit(stash: TreeGDNStash, state, path, *, block_k: int | None = N
     grid = (hv, triton.cdiv(dk, bk), triton.cdiv(dv, bv))
     _gdn_commit_kernel[grid](
         state, stash.k.contiguous(), stash.u.contiguous(), stash.G.contiguous(), idx if idx is not None else stash.G, out,
+        count.reshape(1) if count is not None else out,
         plen, hv,
         DK=dk, DV=dv, BK=bk, BV=bv, BP=16 if plen <= 16 else 32, IS_RANGE=is_range,
-        PREC=dot_precision(torch.float32), num_warps=num_warps,
+        PREC=dot_precision(torch.float32), DEVICE_COUNT=count is not None, num_warps=num_warps,
     )
     return out
