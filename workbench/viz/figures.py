@@ -371,13 +371,13 @@ def phase_breakdown(rows, title: str | None = None) -> go.Figure:
     df = _frame(rows).copy()
     df["config"] = [config_label(r) for _, r in df.iterrows()]
     order = list(dict.fromkeys(df["config"]))
+    cols = [f"{p}_seconds" for p in PHASES if f"{p}_seconds" in df]
+    sums = df.groupby("config", sort=False)[cols + ["new_tokens"]].sum()
     fig = go.Figure()
-    for p in PHASES:
-        col = f"{p}_seconds"
-        if col not in df:
-            continue
-        per = df.groupby("config").apply(lambda g: 1e3 * g[col].sum() / max(1, g["new_tokens"].sum()), include_groups=False)
-        fig.add_trace(go.Bar(x=order, y=[float(per[c]) for c in order], name=p, marker_color=PHASE_COLOURS.get(p)))
+    for col in cols:
+        p = col[: -len("_seconds")]
+        ms = [1e3 * float(sums.loc[c, col]) / max(1, float(sums.loc[c, "new_tokens"])) for c in order]
+        fig.add_trace(go.Bar(x=order, y=ms, name=p, marker_color=PHASE_COLOURS.get(p)))
     fig.update_layout(template=TEMPLATE, barmode="stack", title=title or "Decode time per token by phase",
                       xaxis={"title": None, "tickangle": -35}, yaxis={"title": "ms per generated token"},
                       height=460, width=max(600, 60 * len(order) + 200))
