@@ -121,10 +121,10 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
     ids = [tokenizer.encode(p) for p in prompts]
     max_len = max(len(i) for i in ids) + args.max_new_tokens + 8
     rows = []
-    configs = [("ar", 1, "fork"), ("dflash", 1, "fork")]
-    configs += [("ddtree", b, m) for b in args.budgets for m in ("fork", "unsafe")]
     ar_outputs = {}
     for temperature in args.temperatures:
+        budgets = args.budgets if temperature == 0 or args.t1_budgets is None else args.t1_budgets
+        configs = [("ar", 1, "fork"), ("dflash", 1, "fork")] + [("ddtree", b, m) for b in budgets for m in ("fork", "unsafe")]
         for method, budget, mode in configs:
             cfg = GenerationConfig(method=method, budget=budget, recurrent=mode, max_new_tokens=args.max_new_tokens,
                                    temperature=temperature, seed=0, trace_topk=0, draft_trace_k=0, stop_on_eos=False)
@@ -338,6 +338,7 @@ def main(argv=None) -> dict:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--budgets", default="8,16,32,64,128,256")
     p.add_argument("--budgets-27b", default="16,32,64,128,256")
+    p.add_argument("--t1-budgets", default=None, help="DDTree budgets at T > 0 (default: --budgets)")
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--phase-budget", type=int, default=64)
     p.add_argument("--phase-prompts", type=int, default=4)
@@ -353,6 +354,7 @@ def main(argv=None) -> dict:
     args.budgets = [int(b) for b in args.budgets.split(",")]
     args.budgets_27b = [int(b) for b in args.budgets_27b.split(",")]
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    args.t1_budgets = [int(b) for b in args.t1_budgets.split(",")] if args.t1_budgets else None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     from ..prompts import load_prompts
 
@@ -360,17 +362,18 @@ def main(argv=None) -> dict:
               "versions": versions(), "statistic": "median of repeats (27B dims); totals over prompts (pairs)",
               "settings": {k: v for k, v in vars(args).items()}, "pairs": {}}
     taus = {}
+    slug = device_name().lower().replace(" ", "-")
+    out = Path(args.out) if args.out else RESULTS / f"e2e-{slug}-{dt.date.today().isoformat()}.json"
     if not args.skip_pairs:
         prompts = load_prompts(args.prompts, args.n)
         for spec in args.pairs.split(","):
             name, drafter = spec.split(":")
             result["pairs"][name] = bench_pair(name, drafter, prompts, args, device)
+            write_json_atomic(out, result, indent=2)  # what is measured is kept, even if a later part fails
         hybrid = next(iter(result["pairs"].values()))["rows"]
         taus = {r["budget"]: r["mean_acceptance"] for r in hybrid if r["method"] == "ddtree" and r["recurrent"] == "fork" and r["temperature"] == 0.0}
     if not args.skip_27b and device.type == "cuda":
         result["qwen36_27b_dims"] = bench_27b(args, device, taus)
-    slug = device_name().lower().replace(" ", "-")
-    out = Path(args.out) if args.out else RESULTS / f"e2e-{slug}-{dt.date.today().isoformat()}.json"
     write_json_atomic(out, result, indent=2)
     print_table(result)
     print(f"wrote {out}")
