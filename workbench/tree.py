@@ -427,7 +427,7 @@ def build_ddtree_static(draft_tokens: torch.Tensor, draft_logprobs: torch.Tensor
     depth, k = draft_logprobs.shape
     device = draft_logprobs.device
     b = budget
-    neg_inf = torch.tensor(float("-inf"), device=device)
+    neg_inf = torch.full((), float("-inf"), device=device)  # a fill, not a host copy (graph capture)
     logq = draft_logprobs.float()
     # depth 1: the first b candidates (padded with -inf when k < b)
     first = torch.full((b,), float("-inf"), device=device)

@@ -83,7 +83,7 @@ class _StashPending(PendingRecurrence):
             valid = (self.starts[c] + local) <= last
             candidates.append(static_kernels.tree_gdn_commit_padded(stash, self.start_states[c], local, valid))
         chunk = torch.div(last, CHAIN_CHUNK, rounding_mode="floor")  # chunks start at multiples of CHAIN_CHUNK
-        return torch.stack(candidates)[chunk]
+        return torch.stack(candidates).index_select(0, chunk.reshape(1))[0]
 
     def node_states(self) -> torch.Tensor:
         parts = []
@@ -104,7 +104,7 @@ class _StatesPending(PendingRecurrence):
         return self.states[int(path[-1])]
 
     def commit_static(self, path: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        return self.states[path.gather(0, (count - 1).reshape(1))[0]]
+        return self.states.index_select(0, path.gather(0, (count - 1).reshape(1)))[0]
 
     def node_states(self) -> torch.Tensor:
         return self.states
@@ -295,7 +295,7 @@ def walk_static(tokens, parents, depths, valid, anc, choices, max_depth: int) ->
     target's choice at their parent. Siblings carry distinct tokens, so the accepted set is a
     path; its deepest node is the last accepted one."""
     ok = valid & (tokens == choices[parents.clamp(min=0)])
-    ok[0] = True
+    ok = ok | (torch.arange(tokens.shape[0], device=tokens.device) == 0)  # the root (no host->device copy)
     rejected_ancestors = anc.to(torch.float32) @ (~ok).to(torch.float32)
     accepted = rejected_ancestors == 0
     depth_or_minus = torch.where(accepted, depths, torch.full_like(depths, -1))
@@ -304,4 +304,5 @@ def walk_static(tokens, parents, depths, valid, anc, choices, max_depth: int) ->
     slots = torch.where(accepted, depths, torch.full_like(depths, max_depth + 1))
     path = torch.zeros(max_depth + 2, dtype=torch.int64, device=tokens.device)
     path.scatter_(0, slots, torch.arange(tokens.shape[0], device=tokens.device))
-    return StaticWalk(path=path[: max_depth + 1], count=count, bonus=choices[last], last=last)
+    # gather, not choices[last]: indexing with a 0-dim tensor would read it on the host
+    return StaticWalk(path=path[: max_depth + 1], count=count, bonus=choices.gather(0, last.reshape(1))[0], last=last)

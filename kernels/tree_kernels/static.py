@@ -52,8 +52,8 @@ def tree_gdn_commit_padded(stash: TreeGDNStash, state, path, valid):
         from .tree_gdn import triton as impl
 
         return impl.tree_gdn_commit(stash, state, path, count=count.clamp(min=1))
-    a = path.gather(0, (count - 1).clamp(min=0).reshape(1))[0]
-    Ga = stash.G[a]  # [HV]
+    a = path.gather(0, (count - 1).clamp(min=0).reshape(1))
+    Ga = stash.G.index_select(0, a)[0]  # [HV] (index_select: a 0-dim index would be read on the host)
     w = torch.where(valid[:, None], torch.exp(Ga[None, :] - stash.G[path]), torch.zeros_like(stash.G[path]))
     upd = torch.einsum("ph,phk,phv->hkv", w, stash.k[path], stash.u[path])
     return torch.exp(Ga)[:, None, None] * state.to(upd.dtype) + upd
