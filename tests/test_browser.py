@@ -79,7 +79,14 @@ def lab(tmp_path):
                 if time.time() > deadline:
                     raise RuntimeError(f"jupyter lab did not start: {(tmp_path / 'lab.log').read_text()[-2000:]}")
                 time.sleep(0.5)
-        yield base, token
+        # start the notebook's kernel session before the page opens: the page then attaches to it
+        # instead of racing the kernelspec list (which can end in a "Select Kernel" dialog)
+        body = json.dumps({"path": "explorer.ipynb", "type": "notebook", "name": "explorer.ipynb",
+                           "kernel": {"name": "python3"}}).encode()
+        req = urllib.request.Request(f"{base}/api/sessions", data=body, method="POST",
+                                     headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+        json.loads(urllib.request.urlopen(req, timeout=60).read())
+        yield base, token, lambda: (tmp_path / "lab.log").read_text(errors="replace")
     finally:
         proc.terminate()
         try:
@@ -115,10 +122,34 @@ TREE_STATE = """
 """
 
 
+def accept_dialog(page) -> bool:
+    """If JupyterLab asks which kernel to use anyway, take its default (the notebook's python3)."""
+    button = page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept")
+    if button.count() and button.first.is_visible():
+        button.first.click()
+        return True
+    return False
+
+
+def run_all_cells(page, lab_log, timeout_ms: int = 240_000) -> None:
+    """Run > Run All Cells from the menu, as a user would; wait for the explorer widget."""
+    accept_dialog(page)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+    try:
+        page.wait_for_selector(".workbench-explorer", timeout=timeout_ms)
+    except Exception:
+        page.screenshot(path=str(SHOTS / "failure.png"), full_page=True)
+        (SHOTS / "failure-lab.log").write_text(lab_log())
+        shown = page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText).join('\\n---\\n')")
+        raise AssertionError(f"the explorer widget never appeared; outputs:\n{shown[-3000:]}\nlab log:\n{lab_log()[-3000:]}")
+
+
 def test_explorer_in_jupyterlab_with_headless_chromium(lab):
     from playwright.sync_api import sync_playwright
 
-    base, token = lab
+    base, token, lab_log = lab
     SHOTS.mkdir(parents=True, exist_ok=True)
     chromium = require_chromium()
     with sync_playwright() as p:
@@ -127,10 +158,7 @@ def test_explorer_in_jupyterlab_with_headless_chromium(lab):
             page = browser.new_page(viewport={"width": 1600, "height": 1400})
             page.goto(f"{base}/lab/tree/explorer.ipynb?token={token}", wait_until="domcontentloaded", timeout=90_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
-            page.wait_for_selector(".workbench-explorer", timeout=180_000)
+            run_all_cells(page, lab_log)
             page.wait_for_function(f"({TREE_STATE})() && ({TREE_STATE})().markers > 0", timeout=60_000)
             before = page.evaluate(TREE_STATE)
             assert before["title"].startswith("Round 0:")
