@@ -149,3 +149,24 @@ def test_compiled_layers_give_the_same_generation():
         fast = FastEngine(target, drafter, cfg, max_len=100).generate(prompt)
     same_rounds(ref, fast)
     assert target.layer_fn is None  # restored on exit
+
+
+def test_buffers_keep_their_identity_across_generations():
+    """A captured CUDA graph keeps the addresses it was captured with: every buffer the steps
+    read or write must be updated in place, across rounds and across prompts (this once broke
+    on the GPU: a prefill reassigned the recurrent state and the next replay read freed memory)."""
+    target = random_target("hybrid", seed=6, vocab_size=300, eos_token_id=None)
+    drafter = DFlashDrafter(random_dflash(target, seed=2, block_size=6), target)
+    engine = FastEngine(target, drafter, GenerationConfig(method="ddtree", budget=8, max_new_tokens=12), max_len=100)
+
+    def addresses():
+        out = []
+        for c in engine.cache.layers:
+            out += [c.k.data_ptr(), c.v.data_ptr()] if hasattr(c, "k") else [c.state.data_ptr(), c.conv_state.data_ptr()]
+        out += [c.k.data_ptr() for c in drafter.caches]
+        return out
+
+    engine.generate([1, 2, 3])
+    first = addresses()
+    engine.generate(list(range(30, 60)))
+    assert addresses() == first

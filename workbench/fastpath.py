@@ -159,18 +159,22 @@ class FastEngine:
             return
         graph = self.graphs.get(name)
         if graph is None:
-            # warm up on a side stream, then capture; replays reuse the captured memory
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            saved = self._snapshot()
-            with torch.cuda.stream(stream):
-                fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            self._restore(saved)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            self._restore(saved)  # capture ran the step once: undo it, then replay for real
+            from tree_kernels._triton_common import scratch_scope
+
+            # warm up on a side stream, then capture; replays reuse the captured memory. Kernel
+            # scratch buffers are private to the graph (eager calls may regrow the shared ones)
+            with scratch_scope(("graph", id(self), name)):
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                saved = self._snapshot()
+                with torch.cuda.stream(stream):
+                    fn()
+                torch.cuda.current_stream().wait_stream(stream)
+                self._restore(saved)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+                self._restore(saved)
             self.graphs[name] = graph
         graph.replay()
 

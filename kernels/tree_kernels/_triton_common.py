@@ -7,6 +7,8 @@ buffers that persist between launches (split-K partials and arrival counters).
 
 from __future__ import annotations
 
+import contextlib
+
 from collections import OrderedDict
 
 import torch
@@ -74,7 +76,7 @@ def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device, zer
     ``zero``: the buffer is zero-filled when (re)allocated; kernels that use it as counters
     must leave it zero again when they finish.
     """
-    key = (name, str(device), dtype)
+    key = (name, str(device), dtype, _SCOPE[-1])
     buf = _SCRATCH.get(key)
     if buf is None or buf.numel() < numel:
         size = max(int(numel), 1024)
@@ -118,3 +120,17 @@ def launch_with_fallback(launch, configs: list[dict], key) -> dict:
             _FAILED_CONFIGS.add(k)
             last = exc
     raise last if last is not None else RuntimeError("no kernel configuration left to try")
+
+
+_SCOPE: list = [None]
+
+
+@contextlib.contextmanager
+def scratch_scope(tag):
+    """Private scratch buffers for a CUDA graph: the graph keeps pointing at the buffers it was
+    captured with, so later eager calls (which may grow the shared ones) must not touch them."""
+    _SCOPE.append(tag)
+    try:
+        yield
+    finally:
+        _SCOPE.pop()

@@ -350,7 +350,12 @@ class DFlashDrafter:
         return True
 
     def begin(self, prompt_ids: list[int], features: torch.Tensor | None, max_len: int) -> None:
-        self.caches = self.model.new_cache(max_len + self.block_size)
+        need = max_len + self.block_size
+        if self.caches and self.caches[0].capacity >= need:
+            for c in self.caches:  # reuse the buffers: a captured CUDA graph keeps their addresses
+                c.length = 0
+        else:
+            self.caches = self.model.new_cache(need)
         self.pending = features
 
     def commit(self, accepted_ids: list[int], features: torch.Tensor | None) -> None:

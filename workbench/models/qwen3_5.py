@@ -77,9 +77,10 @@ class RecurrentCache:
         if self.pending is None:
             raise RuntimeError("commit without a forward pass")
         nodes = path.tolist()
-        self.state = self.pending.commit(nodes)
-        self.conv_state = tree_conv_commit(
-            self.pending_conv_inputs, self.conv_state, verify.conv_commit_path(self.pending_mode, nodes)
+        # in place: a captured CUDA graph keeps the addresses of these buffers
+        self.state.copy_(self.pending.commit(nodes))
+        self.conv_state.copy_(
+            tree_conv_commit(self.pending_conv_inputs, self.conv_state, verify.conv_commit_path(self.pending_mode, nodes))
         )
         self.pending = None
         self.pending_conv_inputs = None
