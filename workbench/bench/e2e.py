@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import math
 import platform
@@ -118,6 +119,10 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
 
     target, tokenizer = load_target_and_tokenizer(name, str(device), args.dtype)
     drafter = load_dflash_drafter(drafter_name, target)
+    files = {}
+    for directory in (Path(target.source_directory), Path(drafter.model.source_directory)):
+        for f in sorted(directory.glob("*.safetensors")):
+            files[f"{directory.name}/{f.name}"] = hashlib.sha256(f.read_bytes()).hexdigest()
     ids = [tokenizer.encode(p) for p in prompts]
     max_len = max(len(i) for i in ids) + args.max_new_tokens + 8
     rows = []
@@ -178,7 +183,7 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
         log(f"{name} eager phases per round (ms), budget {budget}: " + ", ".join(f"{k} {v:.3f}" for k, v in phases[str(budget)].items()))
     del target, drafter
     torch.cuda.empty_cache() if device.type == "cuda" else None
-    return {"rows": rows, "hf_generate": hf, "eager_phase_ms_per_round": phases}
+    return {"rows": rows, "hf_generate": hf, "eager_phase_ms_per_round": phases, "model_sha256": files}
 
 
 # ----------------------------------------------------------------------------------------------
