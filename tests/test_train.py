@@ -261,12 +261,22 @@ def test_drafter_recipe_trains_loads_and_drafts_losslessly(corpus, trained_targe
     prompt = [5, 6, 7, 8, 9, 10]
     ar = generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=30, stop_on_eos=False, trace_topk=0))
     for method in ("dflash", "ddtree"):
-        cfg = GenerationConfig(method=method, budget=16, max_new_tokens=30, stop_on_eos=False, trace_topk=0)
-        assert generate(target, prompt, cfg, drafter).generated_ids == ar.generated_ids
+        gcfg = GenerationConfig(method=method, budget=16, max_new_tokens=30, stop_on_eos=False, trace_topk=0)
+        assert generate(target, prompt, gcfg, drafter).generated_ids == ar.generated_ids
     # resuming a finished run is a no-op that exports the same weights
     again = train_drafter(steps=12, **kw)
     with safe_open(str(model_dir / "model.safetensors"), "pt") as a, safe_open(str(again / "model.safetensors"), "pt") as b:
         assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
+    # stage 2: fine-tune from it on task-shaped prompts with the target's features cached at generation
+    ft = train_drafter(target_dir=target_dir, corpus=corpus[0], out=tmp_path / "ft", steps=6, batch_size=4, seq_len=40,
+                       blocks_per_seq=3, lr=1e-3, warmup=1, self_distill_count=6, distill_prompts="docstrings",
+                       distill_prompt_lens=(20,), distill_batch=3, cache_features=True, init_from=model_dir, quiet=True)
+    card = check_card(ft)
+    assert card["initialized_from"]["card_sha256"] and card["data"]["self_distilled_sequences"] == 6
+    assert json.loads((ft / "config.json").read_text())["dflash_config"] == cfg["dflash_config"]  # shape taken from init
+    drafter = DFlashDrafter(load_dflash(ft, "cpu", torch.float32, target.config), target)
+    cfg_tree = GenerationConfig(method="ddtree", budget=16, max_new_tokens=30, stop_on_eos=False, trace_topk=0)
+    assert generate(target, prompt, cfg_tree, drafter).generated_ids == ar.generated_ids
 
 
 def test_pack_and_unpack_round_trip(trained_target, tmp_path):

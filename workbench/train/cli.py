@@ -27,6 +27,12 @@ def _positive(value: str) -> int:
     return n
 
 
+def _steps(value: str):
+    if value == "auto":
+        return "auto"
+    return _positive(value)
+
+
 def _positive_float(value: str) -> float:
     try:
         x = float(value)
@@ -107,7 +113,9 @@ def cmd_train_drafter(args) -> int:
                           num_layers=args.layers, intermediate_size=args.intermediate_size, target_layer_ids=args.target_layer_ids,
                           mask_token_id=args.mask_token_id, lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
                           self_distill_count=args.self_distill, distill_prompt_lens=tuple(args.distill_prompt_lens),
-                          distill_batch=args.distill_batch, distill_fraction=args.distill_fraction, seed=args.seed,
+                          distill_batch=args.distill_batch, distill_fraction=args.distill_fraction,
+                          distill_seconds=args.distill_seconds, distill_seed=args.distill_seed, distill_prompts=args.distill_prompts, cache_features=args.cache_features,
+                          init_from=args.init_from, seed=args.seed,
                           device=args.device, checkpoint_every=args.checkpoint_every, resume=not args.no_resume,
                           max_seconds=args.max_seconds, stop_at=args.stop_at, name=args.name, quiet=args.quiet)
     print(json.dumps({"drafter": str(model)}))
@@ -116,7 +124,8 @@ def cmd_train_drafter(args) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (checkpoint/ and model/ go here; rerun to resume)")
-    p.add_argument("--steps", type=_positive, required=True)
+    p.add_argument("--steps", type=_steps, required=True,
+                   help="number of steps, or 'auto': timed inside the warmup to fill --max-seconds")
     p.add_argument("--lr", type=_positive_float)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -163,9 +172,9 @@ def add_subcommands(sub) -> None:
     d.add_argument("--batch-size", type=_positive, default=64)
     d.add_argument("--seq-len", type=_positive, default=512)
     d.add_argument("--blocks-per-seq", type=_positive, default=16)
-    d.add_argument("--block-size", type=_positive, default=16)
+    d.add_argument("--block-size", type=_positive, default=None, help="default 16 (or that of --init-from)")
     d.add_argument("--gamma", type=_positive_float, default=7.0, help="position weight exp(-(k-1)/gamma)")
-    d.add_argument("--layers", type=_positive, default=2)
+    d.add_argument("--layers", type=_positive, default=None, help="default 2 (or that of --init-from)")
     d.add_argument("--intermediate-size", type=_positive, default=None)
     d.add_argument("--target-layer-ids", type=_int_list, default=None, help="comma-separated target layers to tap")
     d.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's <|mask|>")
@@ -173,6 +182,14 @@ def add_subcommands(sub) -> None:
     d.add_argument("--distill-prompt-lens", type=_int_list, default=[64, 128, 192, 256])
     d.add_argument("--distill-batch", type=_positive, default=512)
     d.add_argument("--distill-fraction", type=_fraction, default=0.75)
+    d.add_argument("--distill-seconds", type=_positive_float, default=None, help="time bound of the generation")
+    d.add_argument("--distill-seed", type=int, default=None, help="seed of the generation prompts (default --seed)")
+    d.add_argument("--distill-prompts", choices=("windows", "docstrings"), default="windows",
+                   help="generation prompts: random training windows, or task-shaped ones ending at a function docstring")
+    d.add_argument("--cache-features", action="store_true",
+                   help="keep the target's features from the generation and train on them only (the target never runs "
+                        "during training: what makes CPU training practical)")
+    d.add_argument("--init-from", default=None, help="start from this drafter's weights (fine-tuning; same shape)")
     _common(d)
     d.set_defaults(func=cmd_train_drafter, lr=None)
 

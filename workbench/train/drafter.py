@@ -148,25 +148,38 @@ def sample_anchors(lengths_lo: torch.Tensor, t: int, block: int, per_seq: int, g
 
 @torch.no_grad()
 def self_distill(target: CausalLM, tokens: torch.Tensor, count: int, length: int, prompt_lens: list[int], batch: int,
-                 seed: int, device, log=print, max_seconds: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 seed: int, device, log=print, max_seconds: float | None = None, taps=(), prompt_bank: torch.Tensor | None = None):
     """``count`` sequences of ``length`` tokens: a corpus window of a (seeded) prompt length, then the
     target's greedy continuation. Returns (sequences [count, length], prompt lengths [count]).
-    With ``max_seconds`` generation stops after the batch that crosses it (at least one batch)."""
+    With ``max_seconds`` generation stops after the batch that crosses it (at least one batch).
+    With ``taps`` the features of every position come too (bf16, from the generation's own passes):
+    (sequences, prompt lengths, features). With ``prompt_bank`` [N, P] the prompts are its rows, in order.
+    """
     import time
 
     t0 = time.time()
     if any(not 1 <= p < length for p in prompt_lens):
         raise TrainError(f"prompt lengths {prompt_lens} must lie in [1, {length})")
     device = torch.device(device)
-    seqs, plens = [], []
+    seqs, plens, feats = [], [], []
     done = 0
     i = 0
     while done < count:
         n = min(batch, count - done)
         g = step_generator(seed, i, stream=7)
-        p = prompt_lens[int(torch.randint(0, len(prompt_lens), (1,), generator=g))]
-        prompts = windows_at(tokens, i, seed + 17, n, p).to(device)
-        out = greedy_generate(target, prompts, length - p, autocast=autocast_for(device))
+        if prompt_bank is not None:
+            n = min(n, prompt_bank.shape[0] - done)
+            if n <= 0:
+                break
+            p = prompt_bank.shape[1]
+            prompts = prompt_bank[done : done + n].to(device)
+        else:
+            p = prompt_lens[int(torch.randint(0, len(prompt_lens), (1,), generator=g))]
+            prompts = windows_at(tokens, i, seed + 17, n, p).to(device)
+        out = greedy_generate(target, prompts, length - p, autocast=autocast_for(device), taps=taps, tap_dtype=torch.bfloat16)
+        if taps:
+            out, f = out
+            feats.append(f.cpu())
         seqs.append(out.cpu())
         plens.append(torch.full((n,), p, dtype=torch.int64))
         done += n
@@ -175,7 +188,56 @@ def self_distill(target: CausalLM, tokens: torch.Tensor, count: int, length: int
         if max_seconds is not None and time.time() - t0 > max_seconds and done < count:
             log(f"self-distillation: time budget of {max_seconds:.0f}s reached after {done} sequences")
             break
+    if taps:
+        return torch.cat(seqs), torch.cat(plens), torch.cat(feats)
     return torch.cat(seqs), torch.cat(plens)
+
+
+def docstring_prompts(corpus: Corpus, tokenizer_dir: str | Path, length: int, count: int, seed: int) -> torch.Tensor:
+    """Task-shaped prompts from the *training* files: the ``length`` tokens that end where a function's
+    docstring ends (signature + docstring, and whatever precedes them), as HumanEval-style prompts look.
+    The training files are rebuilt from the corpus root and must match the corpus fingerprint."""
+    import ast
+
+    from tokenizers import Tokenizer
+
+    from .corpus import collect_documents, fingerprint, split_documents
+
+    m = corpus.manifest
+    docs, _ = collect_documents(m["root"], tuple(m.get("suffixes") or (".py",)))
+    train, _ = split_documents(docs, float(m["heldout_fraction"]))
+    if fingerprint(train) != m["fingerprint"]["train"]:
+        raise TrainError(f"{m['root']}: its files differ from the ones the corpus was built from (fingerprint mismatch)")
+    tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    ends = []
+    for rel, text in train:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        starts = [0]
+        for line in text.splitlines(keepends=True):
+            starts.append(starts[-1] + len(line))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node):
+                end_line = node.body[0].end_lineno  # the docstring's last line (1-based)
+                if end_line is not None and end_line < len(starts):
+                    ends.append((rel, starts[end_line]))
+    if not ends:
+        raise TrainError("no function docstrings found in the training files")
+    order = torch.randperm(len(ends), generator=torch.Generator().manual_seed(seed)).tolist()
+    text_of = dict(train)
+    rows = []
+    for j in order:
+        rel, end = ends[j]
+        ids = tok.encode(text_of[rel][max(0, end - 8 * length) : end], add_special_tokens=False).ids
+        if len(ids) > length:  # drop the first (possibly cut) token and keep the last `length`
+            rows.append(ids[-length:])
+        if len(rows) == count:
+            break
+    if not rows:
+        raise TrainError(f"no docstring prompt has {length} tokens before it")
+    return torch.tensor(rows, dtype=torch.int64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,9 +292,9 @@ def train_drafter(
     batch_size: int = 64,
     seq_len: int = 512,
     blocks_per_seq: int = 16,
-    block_size: int = 16,
+    block_size: int | None = None,
     gamma: float = 7.0,
-    num_layers: int = 2,
+    num_layers: int | None = None,
     intermediate_size: int | None = None,
     target_layer_ids: list[int] | None = None,
     mask_token_id: int | None = None,
@@ -244,6 +306,10 @@ def train_drafter(
     distill_batch: int = 512,
     distill_fraction: float = 0.75,
     distill_seconds: float | None = None,
+    distill_seed: int | None = None,
+    distill_prompts: str = "windows",
+    cache_features: bool = False,
+    init_from: str | Path | None = None,
     seed: int = 0,
     device: str = "auto",
     checkpoint_every: int = 500,
@@ -266,6 +332,16 @@ def train_drafter(
         mask_token_id = Tokenizer.from_file(str(tok_path)).token_to_id(MASK_TOKEN) if tok_path.is_file() else None
         if mask_token_id is None:
             raise TrainError(f"{target_dir}: the tokenizer has no {MASK_TOKEN} token; pass --mask-token-id (a reserved token id)")
+    if init_from is not None:  # the drafter's shape defaults to the one it starts from
+        path = Path(init_from) / "config.json"
+        if not path.is_file():
+            raise TrainError(f"--init-from {init_from}: no config.json (expected a DFlash drafter directory)")
+        start_cfg = parse_dflash_config(json.loads(path.read_text()), str(path))
+        num_layers = num_layers or start_cfg.num_hidden_layers
+        intermediate_size = intermediate_size or start_cfg.intermediate_size
+        target_layer_ids = target_layer_ids or list(start_cfg.target_layer_ids)
+        block_size = block_size or start_cfg.block_size
+    num_layers, block_size = num_layers or 2, block_size or 16
     raw = drafter_config_dict(tcfg, mask_token_id, num_layers=num_layers, intermediate_size=intermediate_size,
                               target_layer_ids=target_layer_ids, block_size=block_size)
     dcfg = parse_dflash_config(raw)
@@ -279,6 +355,20 @@ def train_drafter(
         raise TrainError("batch_size and blocks_per_seq must be >= 1")
     if not 0 <= distill_fraction <= 1:
         raise TrainError(f"distill_fraction must be in [0, 1], got {distill_fraction}")
+    if distill_prompts not in ("windows", "docstrings"):
+        raise TrainError(f"distill_prompts must be 'windows' or 'docstrings', got {distill_prompts!r}")
+    if distill_prompts == "docstrings" and len(distill_prompt_lens) != 1:
+        raise TrainError("docstring prompts have one length: give exactly one distill prompt length")
+    if cache_features and self_distill_count < 1:
+        raise TrainError("cache_features trains on self-distilled sequences only: give self_distill_count >= 1")
+    if cache_features:
+        distill_fraction = 1.0
+    if init_from is not None:
+        init_cfg = start_cfg
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                    "intermediate_size", "block_size", "mask_token_id", "target_layer_ids"):
+            if getattr(init_cfg, key) != getattr(dcfg, key):
+                raise TrainError(f"--init-from {init_from}: {key} is {getattr(init_cfg, key)}, this run needs {getattr(dcfg, key)}")
     data = resolve_corpus(corpus, target_dir, out, log)
     check_corpus_tokenizer(data, target_dir, tcfg.vocab_size)
     dev = pick_device(device)
@@ -288,6 +378,13 @@ def train_drafter(
     target = load_target(target_dir, dev, torch.float32)  # frozen (requires_grad False), fp32 master copy
     drafter = DFlashDraftModel(dcfg)
     init_drafter_(drafter, seed)
+    if init_from is not None:  # fine-tuning: start from an existing drafter of the same shape
+        from ..drafters.dflash import load_dflash
+
+        start = load_dflash(init_from, "cpu", torch.float32, tcfg)
+        with torch.no_grad():
+            for k, v in drafter.state_dict().items():
+                v.copy_(start.state_dict()[k])
     drafter = drafter.to(dev)
     drafter.reset_rotary()
     drafter.requires_grad_(True)
@@ -298,7 +395,10 @@ def train_drafter(
     gen = gen_plen = None
     gen_seconds = 0.0
     distill_file = out / "distill.safetensors"
-    distill_key = json.dumps([self_distill_count, seq_len, list(distill_prompt_lens), seed, _target_fingerprint(target_dir)])
+    dseed = seed if distill_seed is None else distill_seed
+    distill_key = json.dumps([self_distill_count, seq_len, list(distill_prompt_lens), dseed, _target_fingerprint(target_dir),
+                              distill_prompts])
+    gen_feats = None
     if self_distill_count > 0 and resume and distill_file.is_file():
         with safe_open(str(distill_file), framework="pt") as f:
             if f.metadata().get("key") == distill_key:  # the set a resumed run trained on (generation may be time-bounded)
@@ -310,8 +410,15 @@ def train_drafter(
 
         t0 = time.time()
         target.eval()
-        gen, gen_plen = self_distill(target, data.train, self_distill_count, seq_len, list(distill_prompt_lens),
-                                     distill_batch, seed, dev, log, distill_seconds)
+        bank = None
+        if distill_prompts == "docstrings":
+            bank = docstring_prompts(data, data.directory, distill_prompt_lens[0], self_distill_count, dseed)
+            log(f"self-distillation: {bank.shape[0]} docstring prompts of {bank.shape[1]} tokens from the training files")
+        made = self_distill(target, data.train, self_distill_count, seq_len, list(distill_prompt_lens),
+                            distill_batch, dseed, dev, log, distill_seconds, taps=tuple(dcfg.target_layer_ids) if cache_features else (),
+                            prompt_bank=bank)
+        gen, gen_plen = made[0], made[1]
+        gen_feats = made[2] if cache_features else None
         gen_seconds = time.time() - t0
         out.mkdir(parents=True, exist_ok=True)
         save_file({"tokens": gen.to(torch.int32), "prompt_lens": gen_plen}, str(distill_file),
@@ -319,11 +426,16 @@ def train_drafter(
         log(f"self-distillation: {gen.shape[0]} sequences in {gen_seconds:.1f}s")
     if gen is not None:
         gen, gen_plen = gen.to(dev), gen_plen.to(dev)
+    if cache_features and gen_feats is None:  # resumed: recompute the features of the saved sequences
+        with torch.no_grad(), autocast_for(dev):
+            gen_feats = torch.cat([batched_hidden(target, gen[i : i + distill_batch], tuple(dcfg.target_layer_ids))[1].to(torch.bfloat16)
+                                   for i in range(0, gen.shape[0], distill_batch)])
     taps = tuple(dcfg.target_layer_ids)
 
     def batch_at(step):
         g = step_generator(seed, step, stream=3)
         use_gen = gen is not None and float(torch.rand((), generator=g)) < distill_fraction
+        idx = None
         if use_gen:
             idx = torch.randint(0, gen.shape[0], (batch_size,), generator=g)
             tokens = gen[idx.to(dev)]
@@ -332,12 +444,15 @@ def train_drafter(
             tokens = windows_at(data.train, step, seed + 1, batch_size, seq_len).to(dev)
             lo = torch.ones(batch_size, dtype=torch.int64)
         anchors = sample_anchors(lo, seq_len, block_size, blocks_per_seq, g).to(dev)
-        return tokens, anchors, use_gen
+        return tokens, anchors, use_gen, idx
 
     def loss_fn(step):
-        tokens, anchors, use_gen = batch_at(step)
-        with torch.no_grad():
-            _, features = batched_hidden(target, tokens, taps)
+        tokens, anchors, use_gen, idx = batch_at(step)
+        if gen_feats is not None and use_gen:
+            features = gen_feats[idx].to(dev).float()  # cached at generation: the target never runs here
+        else:
+            with torch.no_grad():
+                _, features = batched_hidden(target, tokens, taps)
         logits = block_logits(drafter, target, tokens, features.detach(), anchors)
         offs = anchors[..., None] + torch.arange(1, block_size, device=dev)
         labels = tokens.gather(1, offs.view(batch_size, -1)).view(offs.shape)
@@ -347,7 +462,9 @@ def train_drafter(
 
     hyper = asdict(DrafterHyper(batch_size, seq_len, blocks_per_seq, gamma, seed, self_distill_count, distill_fraction)) | {
         "config": raw, "target_sha256": _target_fingerprint(target_dir), "corpus": data.manifest["fingerprint"],
-        "distill_prompt_lens": list(distill_prompt_lens)}
+        "distill_prompt_lens": list(distill_prompt_lens), "distill_seed": dseed, "cache_features": cache_features,
+        "distill_prompts": distill_prompts,
+        "init_from": str(init_from) if init_from else None}
     state = {"kind": "drafter", "hyper": hyper}
     steps = parse_steps(steps)
     sched = Schedule(steps=steps, lr=lr, warmup=min(warmup, steps // 10) if steps else warmup, weight_decay=weight_decay)
@@ -355,9 +472,24 @@ def train_drafter(
                       checkpoint_dir=out / "checkpoint", state=state, checkpoint_every=checkpoint_every, resume=resume,
                       max_seconds=max_seconds, stop_at=stop_at, max_steps=max_steps, log=log, desc="train-drafter", quiet=quiet)
     drafter.eval()
+    init_info = None
+    if init_from is not None:
+        ic = Path(init_from) / "card.json"
+        init_info = {"directory": str(init_from), "card_sha256": sha256_file(ic) if ic.is_file() else None,
+                     "card": json.loads(ic.read_text()) if ic.is_file() else None}
+        if init_info["card"]:
+            init_info["card"] = {k: init_info["card"].get(k) for k in ("name", "steps", "data", "device", "date", "training_seconds",
+                                                                       "final_train_loss", "eval", "batch", "schedule")}
     evals = {}
-    for label, source in (("corpus_heldout", data.heldout), ("self_distilled", None)):
-        ev = evaluate_drafter(drafter, target, source, gen, gen_plen, seq_len, block_size, gamma, seed, dev)
+    fresh = fresh_plen = None
+    if gen is not None:  # continuations of held-out prompts the drafter never saw: the number that predicts tau
+        source = data.heldout if data.heldout.numel() > seq_len else data.train
+        fresh, fresh_plen = self_distill(target, source, 64, seq_len, list(distill_prompt_lens), min(64, distill_batch),
+                                         dseed + 777, dev, lambda m: None)
+        fresh, fresh_plen = fresh.to(dev), fresh_plen.to(dev)
+    for label, source, g_, p_ in (("corpus_heldout", data.heldout, None, None), ("self_distilled_train", None, gen, gen_plen),
+                                  ("self_distilled_heldout_prompts", None, fresh, fresh_plen)):
+        ev = evaluate_drafter(drafter, target, source, g_, p_, seq_len, block_size, gamma, seed, dev)
         if ev is not None:
             evals[label] = ev
     log(f"final: train loss (last 50 steps) {smoothed_loss(state):.4f}; " + "; ".join(
@@ -370,6 +502,7 @@ def train_drafter(
                    f"frozen target {target_dir.name}: features from target layers {list(taps)}, the target's embedding "
                    f"and lm_head, random anchors, block size {block_size}, position-decayed CE (gamma {gamma}).",
         "kind": "dflash-drafter",
+        "initialized_from": init_info,
         "target": target_dir.name,
         "target_fingerprint": hyper["target_sha256"],
         "parameters": params,
@@ -382,6 +515,8 @@ def train_drafter(
         "data": {"corpus": {k: data.manifest.get(k) for k in ("source", "interpreter", "tokens", "fingerprint")},
                  "self_distilled_sequences": int(gen.shape[0]) if gen is not None else 0, "self_distill_fraction_of_batches": distill_fraction if gen is not None else 0.0,
                  "self_distill_prompt_lens": list(distill_prompt_lens) if gen is not None else [],
+                 "self_distill_prompts": ("training-file windows" if distill_prompts == "windows" else
+                                          "the tokens ending at a function docstring's end, from the training files"),
                  "self_distill_seconds": round(gen_seconds, 1)},
         "interpreter": data.manifest.get("interpreter"),
         "steps": steps_done,

@@ -243,8 +243,13 @@ def batched_logits(model: CausalLM, tokens: torch.Tensor, taps=(), cache: Batche
 
 
 @torch.no_grad()
-def greedy_generate(model: CausalLM, prompts: torch.Tensor, new_tokens: int, autocast=None) -> torch.Tensor:
-    """Greedy continuations of equal-length prompts [B, P] -> [B, P + new_tokens] (prefill, then decode)."""
+def greedy_generate(model: CausalLM, prompts: torch.Tensor, new_tokens: int, autocast=None, taps=(), tap_dtype=None):
+    """Greedy continuations of equal-length prompts [B, P] -> [B, P + new_tokens] (prefill, then decode).
+
+    With ``taps`` also returns the tapped layers' outputs at every position but the last
+    ([B, P + new_tokens, n_taps * H], last row zero: that token is never fed back), as the
+    DFlash drafter's context features: (tokens, features).
+    """
     import contextlib
 
     ctx = autocast if autocast is not None else contextlib.nullcontext()
@@ -252,13 +257,19 @@ def greedy_generate(model: CausalLM, prompts: torch.Tensor, new_tokens: int, aut
     cache = BatchedCache(capacity=p + new_tokens)
     out = torch.empty(b, p + new_tokens, dtype=torch.int64, device=prompts.device)
     out[:, :p] = prompts
+    feats = None
     with ctx:
-        logits, _ = batched_logits(model, prompts, cache=cache)
+        logits, tap = batched_logits(model, prompts, taps, cache=cache)
+        if taps:
+            feats = torch.zeros(b, p + new_tokens, tap.shape[-1], dtype=tap_dtype or tap.dtype, device=prompts.device)
+            feats[:, :p] = tap
         nxt = logits[:, -1].float().argmax(-1)
         for i in range(new_tokens):
             out[:, p + i] = nxt
             if i + 1 == new_tokens:
                 break
-            logits, _ = batched_logits(model, nxt[:, None], cache=cache)
+            logits, tap = batched_logits(model, nxt[:, None], taps, cache=cache)
+            if taps:
+                feats[:, p + i] = tap[:, 0]
             nxt = logits[:, -1].float().argmax(-1)
-    return out
+    return (out, feats) if taps else out

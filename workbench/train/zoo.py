@@ -59,6 +59,19 @@ class Scale:
     distill_seconds: float | None = 40.0
     reserve_seconds: float = 35.0  # kept free before the deadline for evaluation, export and packing
     presets: dict = field(default_factory=lambda: {p: p for p in PAIRS})
+    # stage "finetune" (CPU is fine): the target's greedy continuations (128 tokens) of task-shaped prompts
+    # (the 160 tokens ending at a function docstring of a training file), features cached at generation,
+    # then a short fine-tune of each stage-1 drafter on them
+    ft_distill: int = 2048
+    ft_distill_batch: int = 64
+    ft_distill_seed: int = 2000
+    ft_prompts: str = "docstrings"
+    ft_prompt_lens: tuple = (160,)
+    ft_seq_len: int = 288
+    ft_steps: int = 400
+    ft_batch: int = 16
+    ft_lr: float = 5e-4
+    ft_warmup: int = 20
 
 
 SCALES = {
@@ -203,6 +216,32 @@ def _drafter_budget(budget, scale: Scale):
     return max(5.0, left)
 
 
+def finetune_pair(pair: str, out: Path, work: Path, corpus_dir: Path, scale: Scale, device: str, seed: int, quiet: bool,
+                  log_path: Path | None) -> dict:
+    """Stage 2: fine-tune ``out/<pair>-dflash`` on fresh self-distilled data (features cached), in place."""
+    from .drafter import train_drafter
+
+    log = Logger(log_path, quiet=quiet, prefix=f"{pair}: ")
+    start = out / f"{pair}-dflash"
+    if not (start / "config.json").is_file():
+        raise TrainError(f"{start}: no stage-1 drafter to fine-tune")
+    keep = work / f"{pair}-dflash-stage1"
+    if not keep.exists():  # the stage-1 drafter, kept beside the work (its card is summarised in the new card)
+        shutil.copytree(start, keep)
+    t0 = time.time()
+    ddir = train_drafter(target_dir=out / pair, corpus=corpus_dir, out=work / f"{pair}-dflash-ft", steps=scale.ft_steps,
+                         batch_size=scale.ft_batch, seq_len=scale.ft_seq_len, blocks_per_seq=scale.drafter_blocks,
+                         gamma=scale.gamma, lr=scale.ft_lr, warmup=scale.ft_warmup, self_distill_count=scale.ft_distill,
+                         distill_prompt_lens=tuple(scale.ft_prompt_lens), distill_batch=scale.ft_distill_batch,
+                         distill_seed=scale.ft_distill_seed, distill_prompts=scale.ft_prompts, cache_features=True,
+                         init_from=keep, seed=seed,
+                         device=device, checkpoint_every=50, name=f"{pair}-dflash", quiet=quiet, log=log)
+    shutil.rmtree(start)
+    shutil.copytree(ddir, start)
+    log(f"fine-tuned {start} in {time.time() - t0:.0f}s")
+    return {"pair": pair, "finetune_seconds": time.time() - t0}
+
+
 def zoo_size(out: Path) -> dict:
     sizes = {}
     for d in sorted(p for p in out.iterdir() if p.is_dir()):
@@ -210,6 +249,57 @@ def zoo_size(out: Path) -> dict:
     total = sum(sum(v.values()) for v in sizes.values())
     return {"models": sizes, "total_bytes": total, "total_mib": total / 2**20,
             "largest_file_mib": max((s for v in sizes.values() for s in v.values()), default=0) / 2**20}
+
+
+def _loss_cell(loss, ev) -> str:
+    if loss:
+        return f"{loss:.3f}"
+    return f"tau_est {ev['tau_est']:.2f} (held-out prompts)" if ev else ""
+
+
+def write_zoo_readme(out: Path) -> Path:
+    """data/zoo/README.md: one row per model from its card, and how to rebuild them."""
+    import json as _json
+
+    rows = []
+    for d in sorted(p for p in out.iterdir() if p.is_dir() and (p / "card.json").is_file()):
+        c = _json.loads((d / "card.json").read_text())
+        size = sum(f["bytes"] for f in c["files"].values()) + (d / "card.json").stat().st_size
+        kind = c.get("architecture") or f"DFlash, {c.get('layers')} layers, taps {c.get('target_layer_ids')}"
+        loss = c.get("heldout_loss")
+        ev = (c.get("eval") or {}).get("self_distilled_heldout_prompts") or {}
+        steps, tokens, device = str(c["steps"]), f"{c.get('tokens_seen', 0) / 1e6:.1f}M", c.get("device", "")
+        first = ((c.get("initialized_from") or {}).get("card") or {})
+        if first:  # a stage-2 drafter: show both stages
+            t1 = first.get("steps", 0) * (first.get("batch") or {}).get("sequences", 0) * (first.get("batch") or {}).get("seq_len", 0)
+            steps = f"{first.get('steps')} + {c['steps']}"
+            tokens = f"{t1 / 1e6:.1f}M + {c.get('tokens_seen', 0) / 1e6:.1f}M"
+            device = f"{first.get('device')} + {device}"
+        rows.append(f"| {d.name} | {kind} | {c['parameters'] / 1e6:.2f}M | {steps} | {tokens} | "
+                    f"{c['final_train_loss']:.3f} | {_loss_cell(loss, ev)} | {size / 2**20:.2f} MiB | {device} |")
+    total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and f.name != "README.md")
+    text = "\n".join([
+        "# The bundled zoo",
+        "",
+        "Tiny models trained from scratch with the workbench's own recipe (`workbench/train/`) on the CPython",
+        "standard-library sources, so every notebook, test and benchmark runs offline on real acceptance.",
+        "Each directory has a `card.json` (data, steps, tokens, losses, date, device, sha256 and size of every file)",
+        "and a README generated from it. `--target tiny-hybrid` style names resolve here.",
+        "",
+        "| model | architecture | params | steps | tokens seen | final train loss | held-out loss / drafter tau_est | size | trained on |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+        f"Total: {total / 2**20:.2f} MiB (plus this README).",
+        "",
+        "Rebuild: `python -m workbench.train.zoo --out data/zoo --parallel` (stage 1: tokenizer, corpus, targets, drafters; a GPU",
+        "advised), then `OMP_NUM_THREADS=1 python -m workbench.train.zoo --out data/zoo --stage finetune --parallel` (stage 2:",
+        "each drafter fine-tuned on the target's own continuations of docstring-shaped prompts; CPU is fine).",
+        "",
+    ])
+    path = out / "README.md"
+    path.write_text(text)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pack", default=None, help="also pack every finished model into <=15.5 MiB tar volumes here")
     p.add_argument("--logs", default=None, help="per-pair log files here (default: the work directory)")
     p.add_argument("--prepare-only", action="store_true", help="stop after the tokenizer and corpus")
+    p.add_argument("--stage", choices=("train", "finetune", "all"), default="train",
+                   help="train: targets + drafters (GPU advised); finetune: stage 2 on the drafters (CPU is fine); all: both")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a Scale field, e.g. target_steps=2000")
     p.add_argument("--deadline-seconds", type=float, default=None,
                    help="finish everything within this many seconds from now (phases shrink to fit)")
@@ -241,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         current = getattr(scale, key)
         if isinstance(current, tuple):
             parsed = tuple(int(v) for v in value.split(","))
+        elif isinstance(current, str) and key not in ("target_steps", "drafter_steps"):
+            parsed = value
         elif key in ("target_steps", "drafter_steps"):
             parsed = value if value == "auto" else int(value)
         elif current is None or isinstance(current, float):
@@ -268,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             procs = []
             for pair in pairs:
                 cmd = [sys.executable, "-m", "workbench.train.zoo", "--out", str(out), "--work", str(work), "--corpus", str(corpus_dir),
-                       "--scale", args.scale, "--pairs", pair, "--device", args.device, "--seed", str(args.seed), "--logs", str(logs)]
+                       "--scale", args.scale, "--pairs", pair, "--device", args.device, "--seed", str(args.seed), "--logs", str(logs),
+                       "--stage", args.stage]
                 cmd += [f"--set={s}" for s in args.set] + ([f"--deadline-at={deadline}"] if deadline else []) + (["--pack", str(pack)] if pack else []) + (["--quiet"] if args.quiet else [])
                 procs.append((pair, subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))))
             failed = [pair for pair, proc in procs if proc.wait() != 0]
@@ -276,8 +371,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise TrainError(f"pairs {failed} failed (see their logs in {logs})")
         else:
             for pair in pairs:
-                results.append(build_pair(pair, out, work, corpus_dir, scale, args.device, args.seed, pack, args.quiet,
-                                          logs / f"{pair}.log", deadline))
+                if args.stage in ("train", "all"):
+                    results.append(build_pair(pair, out, work, corpus_dir, scale, args.device, args.seed, pack, args.quiet,
+                                              logs / f"{pair}.log", deadline))
+                if args.stage in ("finetune", "all"):
+                    results.append(finetune_pair(pair, out, work, corpus_dir, scale, args.device, args.seed, args.quiet,
+                                                 logs / f"{pair}-finetune.log"))
+                    if pack:
+                        pack_model(out / f"{pair}-dflash", pack)
         summary = {"scale": asdict(scale), "results": results, "zoo": zoo_size(out)}
         write_json(work / "zoo-summary.json", summary)
         print(json.dumps({"zoo": str(out), "total_mib": round(summary["zoo"]["total_mib"], 2)}))
