@@ -254,7 +254,7 @@ def zoo_size(out: Path) -> dict:
 def _loss_cell(loss, ev) -> str:
     if loss:
         return f"{loss:.3f}"
-    return f"tau_est {ev['tau_est']:.2f} (held-out prompts)" if ev else ""
+    return f"tau_est {ev['tau_est']:.2f} (continuations of held-out-file windows)" if ev else ""
 
 
 def write_zoo_readme(out: Path) -> Path:
