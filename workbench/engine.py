@@ -65,6 +65,17 @@ def check_prompt(prompt_ids, target) -> list[int]:
     return ids
 
 
+def extend_generated(generated: list[int], new_tokens: list[int], eos: set[int], max_new_tokens: int) -> str | None:
+    """Append a round's tokens, cutting at the first EOS or at max_new_tokens; the stop reason, if any."""
+    for t in new_tokens:
+        generated.append(t)
+        if t in eos:
+            return "eos"
+        if len(generated) >= max_new_tokens:
+            return "max_new_tokens"
+    return None
+
+
 class _Clock:
     """Phase timer; with ``sync`` it waits for the device so GPU work lands in the right phase."""
 
@@ -178,14 +189,7 @@ def generate(
             )
         )
         new_tokens = [tree.tokens[n] for n in accepted[1:]] + [new_bonus]
-        for t in new_tokens:
-            generated.append(t)
-            if t in eos:
-                stop = "eos"
-                break
-            if len(generated) >= cfg.max_new_tokens:
-                stop = "max_new_tokens"
-                break
+        stop = extend_generated(generated, new_tokens, eos, cfg.max_new_tokens)
         if progress:
             progress(len(new_tokens))
         bonus = new_bonus

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .engine import GenerationConfig, check_prompt
+from .engine import GenerationConfig, check_prompt, extend_generated
 from .trace import RoundTrace, Trace
 from .tree import CompiledTree, build_chain_static, build_ddtree_static, static_ancestor_mask
 from .verify import Sampler, check_finite, choose_static, walk_static
@@ -256,14 +256,7 @@ class FastEngine:
             new_tokens = [got["tokens"][n] for n in path[1:]] + [new_bonus]
             rounds.append(self._round_trace(len(rounds), position, bonus, path, got, {"launch": h1 - h0, "sync": h2 - h1}))
             host_seconds += (h1 - h0) + (time.perf_counter() - h2)
-            for t in new_tokens:
-                generated.append(t)
-                if t in eos:
-                    stop = "eos"
-                    break
-                if len(generated) >= cfg.max_new_tokens:
-                    stop = "max_new_tokens"
-                    break
+            stop = extend_generated(generated, new_tokens, eos, cfg.max_new_tokens)
             if progress:
                 progress(len(new_tokens))
             bonus = new_bonus
