@@ -307,7 +307,7 @@ def test_tree_attention_matches_reference(n, depth, shape, prefix, hq, hkv, d, w
         o = attn_tr.tree_attention(q, k, v, c.anc, prefix, 0.3, c.positions, window, **kw)
         assert o.dtype == q.dtype
         assert maxdiff(o, ref) < 1e-5, kw
-        counters = _triton_common._SCRATCH[("attn_counter", "cpu", torch.int32)]
+        counters = _triton_common._SCRATCH[("attn_counter", "cpu", torch.int32, None)]
         assert int(counters.abs().sum()) == 0  # tickets reset for the next launch
 
 
