@@ -1,5 +1,6 @@
 """--budget auto: a committed measurement wins; otherwise a calibration picks the fastest."""
 
+import hashlib
 import json
 
 from workbench.budget import calibrate_budget, measured_best_budget
@@ -15,10 +16,32 @@ def test_measured_results_pick_the_fastest_budget(tmp_path):
             for b, tps in ((8, 100.0), (32, 180.0), (64, 150.0))]
     rows.append({"method": "ddtree", "recurrent": "unsafe", "temperature": 0.0, "budget": 128, "tokens_per_second": 999.0})
     (tmp_path / "e2e-cpu-x.json").write_text(json.dumps({"device": "cpu", "pairs": {"tiny-x": {"rows": rows}}}))
-    best, info = measured_best_budget(target, tmp_path)
+    best, info = measured_best_budget(target, results_dir=tmp_path)
     assert best == 32 and info["table"][64] == 150.0
     (tmp_path / "e2e-cpu-x.json").write_text(json.dumps({"device": "NVIDIA H200", "pairs": {"tiny-x": {"rows": rows}}}))
-    assert measured_best_budget(target, tmp_path) is None  # another device's numbers do not apply
+    assert measured_best_budget(target, results_dir=tmp_path) is None  # another device's numbers do not apply
+
+
+def test_a_measurement_of_other_model_files_is_stale(tmp_path):
+    target = random_target("hybrid", seed=1, vocab_size=200)
+    model_dir = tmp_path / "tiny-x"
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").write_bytes(b"weights v1")
+    target.source_directory = str(model_dir)
+    rows = [{"method": "ddtree", "recurrent": "fork", "temperature": 0.0, "budget": 16, "tokens_per_second": 10.0}]
+    sha_v1 = hashlib.sha256(b"weights v1").hexdigest()
+    result = {"device": "cpu", "pairs": {"tiny-x": {"rows": rows, "model_sha256": {"tiny-x/model.safetensors": sha_v1}}}}
+    (tmp_path / "e2e-cpu-x.json").write_text(json.dumps(result))
+    assert measured_best_budget(target, results_dir=tmp_path)[0] == 16
+    (model_dir / "model.safetensors").write_bytes(b"weights v2")  # retrained since the measurement
+    assert measured_best_budget(target, results_dir=tmp_path) is None
+    # the run-level record (older result files) is read the same way
+    del result["pairs"]["tiny-x"]["model_sha256"]
+    result["models_measured"] = {"note": "text", "tiny-x/model.safetensors": sha_v1}
+    (tmp_path / "e2e-cpu-x.json").write_text(json.dumps(result))
+    assert measured_best_budget(target, results_dir=tmp_path) is None
+    (model_dir / "model.safetensors").write_bytes(b"weights v1")
+    assert measured_best_budget(target, results_dir=tmp_path)[0] == 16
 
 
 def test_calibration_times_every_candidate():

@@ -4,7 +4,7 @@ Speed-up peaks at an intermediate budget: acceptance grows with the tree, and so
 verify cost. The best budget maximises tokens per second = tau(b) / round_time(b):
 
 1. if a committed end-to-end measurement (``data/results/e2e-*.json``) covers this target on
-   this device, take the budget with the highest measured DDTree (fork, T=0) tokens/s;
+   this device with the model files loaded now (sha256), take the budget with the highest measured DDTree (fork, T=0) tokens/s;
 2. otherwise calibrate: a short generation at each candidate budget on the user's own prompt,
    timing whole rounds, and keep the fastest.
 """
@@ -12,6 +12,7 @@ verify cost. The best budget maximises tokens per second = tau(b) / round_time(b
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -25,10 +26,37 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def measured_best_budget(target, results_dir: Path = RESULTS) -> tuple[int, dict] | None:
-    """The fastest DDTree budget recorded for this target on this device, if any."""
+def _recorded_hashes(result: dict, pair: dict) -> dict:
+    """sha256 per ``<model dir name>/<file>`` the run recorded (per pair, or for the whole run)."""
+    return {**result.get("models_measured", {}), **pair.get("model_sha256", {})}
+
+
+def _models_unchanged(recorded: dict, models) -> bool:
+    """Every recorded file of these models still has the recorded content (a retrained drafter
+    makes an old measurement stale). Files the run did not record are not judged."""
+    for model in models:
+        directory = Path(getattr(model, "source_directory", "") or "")
+        for key, sha in recorded.items():
+            if not isinstance(sha, str) or "/" not in key:
+                continue
+            owner, fname = key.split("/", 1)
+            if owner != directory.name:
+                continue
+            path = directory / fname
+            if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+                return False
+    return True
+
+
+def measured_best_budget(target, drafter=None, results_dir: Path = RESULTS) -> tuple[int, dict] | None:
+    """The fastest DDTree budget recorded for this target (and drafter) on this device, if any.
+
+    A measurement counts only if it names this target, was taken on this device, and the model
+    files it recorded (sha256) are the ones loaded now.
+    """
     name = Path(getattr(target, "source_directory", "") or "").name
     device = _device_name(target.device)
+    models = [target] + ([getattr(drafter, "model", drafter)] if drafter is not None else [])
     best = None
     for path in sorted(results_dir.glob("e2e-*.json")):
         try:
@@ -37,7 +65,10 @@ def measured_best_budget(target, results_dir: Path = RESULTS) -> tuple[int, dict
             continue
         if result.get("device") != device or name not in result.get("pairs", {}):
             continue
-        rows = [r for r in result["pairs"][name]["rows"] if r["method"] == "ddtree" and r["recurrent"] == "fork" and r["temperature"] == 0]
+        pair = result["pairs"][name]
+        if not _models_unchanged(_recorded_hashes(result, pair), models):
+            continue
+        rows = [r for r in pair["rows"] if r["method"] == "ddtree" and r["recurrent"] == "fork" and r["temperature"] == 0]
         if rows:
             top = max(rows, key=lambda r: r["tokens_per_second"])
             best = (int(top["budget"]), {"source": str(path), "table": {r["budget"]: r["tokens_per_second"] for r in rows}})
@@ -65,7 +96,7 @@ def calibrate_budget(target, drafter, prompt_ids, config, candidates=CANDIDATES,
 
 
 def auto_budget(target, drafter, prompt_ids, config) -> tuple[int, dict]:
-    found = measured_best_budget(target)
+    found = measured_best_budget(target, drafter)
     if found is not None:
         return found
     return calibrate_budget(target, drafter, prompt_ids, config)
