@@ -156,22 +156,25 @@ def test_gdn_fork_and_commit_match_reference(n, depth, shape):
     for i, dims in enumerate(GDN_SHAPES if n <= 100 else GDN_SHAPES[:1]):
         # BS=16: blocked solve with read-back of earlier blocks (n > 16); BV below dv: column split
         check_gdn(tree, dims, seed=10 * n + i, config={"BS": 16, "BV": 16})
+    # the variant with the gates and diagonal inverses precomputed by a second launch
+    check_gdn(tree, GDN_SHAPES[2 if n <= 100 else 0], seed=n + 7, config={"BS": 16, "BV": 16, "PRE_INVERSE": True})
     if n <= 64:
         check_gdn(tree, GDN_SHAPES[2], seed=n, config=None)  # the default (GPU) configuration
 
 
-@pytest.mark.parametrize("bs", [16, 32])
-def test_gdn_block_size_does_not_change_the_result(bs):
+@pytest.mark.parametrize("bs,pre", [(16, False), (32, False), (16, True), (32, True)])
+def test_gdn_block_size_and_solve_variant_do_not_change_the_result(bs, pre):
     tree = random_tree(70, 8, seed=4)
-    o16, _ = check_gdn(tree, (1, 3, 8, 12), seed=1, config={"BS": 16, "BV": 16})
-    o, _ = check_gdn(tree, (1, 3, 8, 12), seed=1, config={"BS": bs, "BV": 16})
-    assert maxdiff(o, o16) < 1e-5
+    o16, st16 = check_gdn(tree, (1, 3, 8, 12), seed=1, config={"BS": 16, "BV": 16})
+    o, st = check_gdn(tree, (1, 3, 8, 12), seed=1, config={"BS": bs, "BV": 16, "PRE_INVERSE": pre})
+    assert maxdiff(o, o16) < 1e-5 and maxdiff(st.G, st16.G) < 1e-6
 
 
 def test_gdn_model_dtypes():
     """v and beta in bf16 (as the model passes them): the kernel upcasts like the reference."""
     tree = random_tree(40, 6, seed=2)
     check_gdn(tree, (2, 3, 16, 24), seed=3, config={"BS": 16, "BV": 16}, vdtype=torch.bfloat16)
+    check_gdn(tree, (2, 3, 16, 24), seed=3, config={"BS": 16, "BV": 16, "PRE_INVERSE": True}, vdtype=torch.bfloat16)
 
 
 def test_gdn_exp_is_selected_before_the_mask():

@@ -227,11 +227,18 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
     row["err_commit_vs_fp32_ref"] = err(s_commit, s_ref)
     row["err_u_vs_fp32_ref"] = err(st.u, st_ref.u)
     timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc), rep, graph=True)
+    # the variant with the gates and diagonal inverses precomputed in parallel (a second launch)
+    pre = {"PRE_INVERSE": True}
+    o_pre, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=pre)
+    row["err_pre_inverse_o_vs_fp32_ref"] = err(o_pre, o_ref)
+    timed("triton_fork_pre_inverse_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=pre), rep, graph=True)
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(st, s0, path_t), rep, graph=True)
     if sweep and t == 64:
         row["sweep"] = []
-        for bs, bv, nw in ((16, 32, 4), (16, 128, 4), (16, 64, 8), (32, 64, 4), (32, 32, 4)):
-            cfg = {"BS": bs, "BV": bv, "num_warps": nw}
+        sweep_cfgs = [{"BS": bs, "BV": bv, "num_warps": nw} for bs, bv, nw in ((16, 32, 4), (16, 128, 4), (16, 64, 8), (32, 64, 4), (32, 32, 4))]
+        sweep_cfgs += [{"BS": bs, "BV": bv, "num_warps": nw, "PRE_INVERSE": True, "prep_warps": pw}
+                       for bs, bv, nw, pw in ((16, 64, 4, 1), (16, 64, 4, 2), (16, 32, 4, 1), (16, 128, 4, 1), (16, 64, 8, 1), (32, 64, 4, 1), (32, 64, 4, 4))]
+        for cfg in sweep_cfgs:
             rec = dict(cfg)
             try:
                 fn = lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg)  # noqa: E731
@@ -467,7 +474,7 @@ def floors(bw_gbs: float, prefix: int) -> dict:
 
 
 ROWS = {
-    "gdn": [("triton fork", "triton_fork_ms"), ("triton commit", "triton_commit_ms"), ("torch fork (reference)", "torch_fork_ms"),
+    "gdn": [("triton fork", "triton_fork_ms"), ("triton fork, pre-inverse", "triton_fork_pre_inverse_ms"), ("triton commit", "triton_commit_ms"), ("torch fork (reference)", "torch_fork_ms"),
             ("torch commit (reference)", "torch_commit_ms"), ("torch slots (baseline)", "torch_slots_ms"),
             ("slot copy: T states r+w", "slot_copy_ms"), ("fla chunk (chain of T)", "fla_chunk_ms"),
             ("fla fused_recurrent (chain)", "fla_fused_recurrent_ms")],
@@ -491,7 +498,7 @@ def table(result: dict) -> str:
                 b = key.replace("_ms", "")
                 note = ""
                 if key.startswith("triton") and "commit" not in key:
-                    e = row.get(ERRS[sec], {})
+                    e = row.get("err_pre_inverse_o_vs_fp32_ref" if "pre_inverse" in key else ERRS[sec], {})
                     note = f"max err {fmt(e.get('max_abs'), '{:.2e}')} (rel {fmt(e.get('max_rel'), '{:.1e}')}) vs fp32 ref"
                 if row.get(key + "_error"):
                     note = row[key + "_error"][:60]
@@ -512,6 +519,8 @@ def ratios(result: dict) -> dict:
 
     tg_, ta_, tc_ = best_ms(g, "triton_fork_ms"), best_ms(a, "triton_ms"), best_ms(c, "triton_ms")
     out["gdn_fork_ms_over_target_0.05"] = r(tg_, TARGETS_MS["gdn"])
+    out["gdn_fork_pre_inverse_ms_over_target_0.05"] = r(best_ms(g, "triton_fork_pre_inverse_ms"), TARGETS_MS["gdn"])
+    out["gdn_fork_over_pre_inverse"] = r(tg_, best_ms(g, "triton_fork_pre_inverse_ms"))
     out["gdn_fla_chunk_over_triton"] = r(best_ms(g, "fla_chunk_ms"), tg_)
     out["gdn_fla_fused_recurrent_over_triton"] = r(best_ms(g, "fla_fused_recurrent_ms"), tg_)
     out["gdn_slot_copy_over_triton"] = r(best_ms(g, "slot_copy_ms"), tg_)

@@ -15,6 +15,9 @@ is inverted by forward substitution in registers, u_b = inv (rhs), and u_b is st
 tree size works (the solve is blocked); T <= BS is a single block with no read-back.
 Every program of a head recomputes G and the (I + L) blocks (they only depend on k, g, beta):
 cheap next to the K S0 / Q S0 products, which are split across the value-column blocks.
+Variant ``PRE_INVERSE`` (a second launch before the solve, not yet the default: it waits for its
+H200 measurement): G and the inverses of the diagonal blocks are computed by nb x HV one-warp
+programs in parallel and read back, so the serial chain is dots and loads only.
 
 Where the selection happens before the exponential (never exp(..) * mask, inf * 0 = NaN),
 padded rows and columns load zeros and are masked out of every store.
@@ -50,13 +53,59 @@ def _unit_lower_inverse(L, BS: tl.constexpr):
 
 
 @triton.jit
+def _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS: tl.constexpr, nblocks):
+    """G[rows] = anc[rows, :] @ g[:, j] for the rows of one block (ancestors lie in blocks < nblocks)."""
+    ar = tl.arange(0, BS)
+    acc = tl.zeros([BS], dtype=tl.float32)
+    for c in range(0, nblocks):
+        cols = c * BS + ar
+        cm = cols < T
+        a = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0)
+        gc = tl.load(Gin + cols * sg_t + j * sg_h, mask=cm, other=0.0).to(tl.float32)
+        acc += tl.sum(tl.where(a != 0, gc[None, :], 0.0), axis=1)
+    return acc
+
+
+@triton.jit
+def _gdn_prepare_kernel(
+    K, Gin, Beta, Anc,  # inputs
+    SG, Inv,  # outputs: G [T, HV] (the stash's), (I + L_bb)^-1 per diagonal block [nb, HV, BS, BS]
+    T, R, HV,
+    sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
+    DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
+):
+    """Everything of the solve that depends only on k, g and beta, one program per (block, value
+    head): the block's path-summed gates and the inverse of its diagonal block. Off the serial
+    u recursion, run by nb x HV small programs in parallel (one warp each by default, so the
+    forward substitution's row reductions stay inside a warp)."""
+    b = tl.program_id(0)
+    j = tl.program_id(1)
+    hk = j // R
+    ar = tl.arange(0, BS)
+    rows = b * BS + ar
+    rm = rows < T
+    offk = tl.arange(0, BK)
+    kmask = offk < DK
+    Gb = _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1)
+    tl.store(SG + rows * HV + j, Gb, mask=rm)
+    kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+    bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
+    a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
+    dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
+    strict = a & (ar[:, None] != ar[None, :])
+    Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, tl.trans(kb), input_precision=PREC), 0.0)
+    inv = _unit_lower_inverse(Lbb, BS)
+    tl.store(Inv + ((b * HV + j) * BS + ar[:, None]) * BS + ar[None, :], inv)
+
+
+@triton.jit
 def _gdn_fork_kernel(
-    Q, K, V, Gin, Beta, S0, Anc,  # inputs
-    O, SK, SU, SG,  # outputs: o [T, HV, DV], stash k [T, HV, DK], u [T, HV, DV], G [T, HV]
+    Q, K, V, Gin, Beta, S0, Anc, Inv,  # inputs (Inv: the diagonal inverses when PRE)
+    O, SK, SU, SG,  # outputs: o [T, HV, DV], stash k [T, HV, DK], u [T, HV, DV], G [T, HV] (an input when PRE)
     T, R, HV, scale,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, PRE: tl.constexpr,
 ):
     j = tl.program_id(0)  # value head
     iv = tl.program_id(1)  # block of value columns
@@ -68,19 +117,14 @@ def _gdn_fork_kernel(
     vmask = offv < DV
     nb = tl.cdiv(T, BS)
 
-    # ---- phase 0: G = anc @ g (ancestors of a block-b node lie in blocks <= b)
-    for b in range(0, nb):
-        rows = b * BS + ar
-        rm = rows < T
-        acc = tl.zeros([BS], dtype=tl.float32)
-        for c in range(0, b + 1):
-            cols = c * BS + ar
-            cm = cols < T
-            a = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0)
-            gc = tl.load(Gin + cols * sg_t + j * sg_h, mask=cm, other=0.0).to(tl.float32)
-            acc += tl.sum(tl.where(a != 0, gc[None, :], 0.0), axis=1)
-        tl.store(SG + rows * HV + j, acc, mask=rm)
-    tl.debug_barrier()
+    # ---- phase 0: G = anc @ g (ancestors of a block-b node lie in blocks <= b); PRE: done by
+    # _gdn_prepare_kernel, as are the diagonal inverses
+    if not PRE:
+        for b in range(0, nb):
+            rows = b * BS + ar
+            rm = rows < T
+            tl.store(SG + rows * HV + j, _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1), mask=rm)
+        tl.debug_barrier()
 
     # the committed state's slice this program needs, [BK, BV]
     s0 = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
@@ -113,9 +157,12 @@ def _gdn_fork_kernel(
         a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
         dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
         kbt = tl.trans(kb)
-        strict = a & (ar[:, None] != ar[None, :])
-        Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, kbt, input_precision=PREC), 0.0)
-        inv = _unit_lower_inverse(Lbb, BS)
+        if PRE:
+            inv = tl.load(Inv + ((b * HV + j) * BS + ar[:, None]) * BS + ar[None, :])
+        else:
+            strict = a & (ar[:, None] != ar[None, :])
+            Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, kbt, input_precision=PREC), 0.0)
+            inv = _unit_lower_inverse(Lbb, BS)
         ub = tl.dot(inv, rhs, input_precision=PREC)
         ob += tl.dot(dec * tl.dot(qb, kbt, input_precision=PREC), ub, input_precision=PREC)
         tl.store(SU + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ub, mask=rm[:, None] & vmask[None, :])
@@ -188,7 +235,12 @@ def _check(q, k, v, g, beta, state, anc):
 
 
 def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | None = None):
-    """Exact ancestor-masked gated delta rule, one launch. Returns (o fp32 [T, HV, dv], stash)."""
+    """Exact ancestor-masked gated delta rule, one launch. Returns (o fp32 [T, HV, dv], stash).
+
+    ``config``: ``BS``, ``BV``, ``num_warps``; ``PRE_INVERSE=True`` adds a launch before the solve
+    (``_gdn_prepare_kernel``: the gates and the diagonal blocks' inverses, nb x HV programs of
+    ``prep_warps`` warps) so the solve's serial chain no longer holds the forward substitutions.
+    """
     _check(q, k, v, g, beta, state, anc)
     t, hv, dv = v.shape
     h, dk = q.shape[1], q.shape[2]
@@ -207,16 +259,29 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
 
     def launch(c):
         bv = min(c["BV"], max(16, next_pow2(dv)))
+        bs = c["BS"]
+        pre = bool(c.get("PRE_INVERSE", False))
+        prec = dot_precision(torch.float32)
+        inv = sg  # unused unless pre
+        if pre:
+            nb = triton.cdiv(t, bs)
+            inv = torch.empty(nb, hv, bs, bs, dtype=torch.float32, device=dev)
+            _gdn_prepare_kernel[(nb, hv)](
+                k, g, beta, a8, sg, inv, t, hv // h, hv,
+                k.stride(0), k.stride(1), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
+                DK=dk, BK=bk, BS=bs, PREC=prec, num_warps=c.get("prep_warps", 1),
+            )
         _gdn_fork_kernel[(hv, triton.cdiv(dv, bv))](
-            q, k, v, g, beta, state, a8, o, sk, su, sg,
+            q, k, v, g, beta, state, a8, inv, o, sk, su, sg,
             t, hv // h, hv, scale,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
-            DK=dk, DV=dv, BK=bk, BV=bv, BS=c["BS"], PREC=dot_precision(torch.float32),
+            DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre,
             num_warps=c["num_warps"],
         )
 
-    launch_with_fallback(launch, [cfg] + _FALLBACK, ("gdn_fork", dk, dv, str(dev)))
+    fallback = [dict(f, PRE_INVERSE=cfg.get("PRE_INVERSE", False)) for f in _FALLBACK]
+    launch_with_fallback(launch, [cfg] + fallback, ("gdn_fork", dk, dv, str(dev)))
     return o, TreeGDNStash(k=sk, u=su, G=sg)
 
 
