@@ -131,19 +131,61 @@ def accept_dialog(page) -> bool:
     return False
 
 
-def run_all_cells(page, lab_log, timeout_ms: int = 240_000) -> None:
-    """Run > Run All Cells from the menu, as a user would; wait for the explorer widget."""
-    accept_dialog(page)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-    page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+def session_kernel_id(base: str, token: str) -> str | None:
+    req = urllib.request.Request(f"{base}/api/sessions", headers={"Authorization": f"token {token}"})
+    sessions = json.loads(urllib.request.urlopen(req, timeout=10).read())
+    ids = [s["kernel"]["id"] for s in sessions if s.get("path", "").endswith("explorer.ipynb") and s.get("kernel")]
+    return ids[0] if len(ids) == 1 else None
+
+
+def wait_for_settled_kernel(page, base: str, token: str, quiet_s: float = 4.0, timeout_s: float = 90.0) -> None:
+    """The page may still swap the session's kernel right after it opens (a new kernel started,
+    the old one shut down); cells run on the old one would be lost. Wait until the notebook's
+    session keeps one kernel for ``quiet_s`` and the page shows it idle."""
+    deadline = time.time() + timeout_s
+    last, since = None, time.time()
+    while time.time() < deadline:
+        accept_dialog(page)
+        current = session_kernel_id(base, token)
+        if current != last:
+            last, since = current, time.time()
+        elif current is not None and time.time() - since >= quiet_s:
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the notebook's kernel did not settle in {timeout_s:.0f}s (last {last})")
+
+
+def execution_started(page) -> bool:
+    """Some cell shows an execution prompt ([*] or [n]) instead of the empty [ ]."""
+    prompts = page.evaluate("() => [...document.querySelectorAll('.jp-Cell .jp-InputPrompt')].map(e => e.innerText.trim())")
+    return any(p not in ("", "[ ]:", "[ ]") for p in prompts)
+
+
+def run_all_cells(page, base: str, token: str, lab_log, timeout_ms: int = 240_000) -> None:
+    """Run > Run All Cells from the menu, as a user would; wait for the explorer widget. If the
+    run never starts (the request went to a kernel the page let go of), ask once more."""
+    wait_for_settled_kernel(page, base, token)
+    for attempt in range(3):
+        # the Run menu acts on the current widget: make the notebook current by selecting a cell
+        page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt").first.click()
+        page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+        page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+        deadline = time.time() + 45
+        while time.time() < deadline and not execution_started(page):
+            accept_dialog(page)
+            time.sleep(0.5)
+        if execution_started(page):
+            break
+        wait_for_settled_kernel(page, base, token)
     try:
         page.wait_for_selector(".workbench-explorer", timeout=timeout_ms)
     except Exception:
         page.screenshot(path=str(SHOTS / "failure.png"), full_page=True)
         (SHOTS / "failure-lab.log").write_text(lab_log())
         shown = page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText).join('\\n---\\n')")
-        raise AssertionError(f"the explorer widget never appeared; outputs:\n{shown[-3000:]}\nlab log:\n{lab_log()[-3000:]}")
+        raise AssertionError(f"the explorer widget never appeared (run started: {execution_started(page)}); outputs:\n"
+                             f"{shown[-3000:]}\nlab log:\n{lab_log()[-3000:]}")
 
 
 def test_explorer_in_jupyterlab_with_headless_chromium(lab):
@@ -158,7 +200,7 @@ def test_explorer_in_jupyterlab_with_headless_chromium(lab):
             page = browser.new_page(viewport={"width": 1600, "height": 1400})
             page.goto(f"{base}/lab/tree/explorer.ipynb?token={token}", wait_until="domcontentloaded", timeout=90_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            run_all_cells(page, lab_log)
+            run_all_cells(page, base, token, lab_log)
             page.wait_for_function(f"({TREE_STATE})() && ({TREE_STATE})().markers > 0", timeout=60_000)
             before = page.evaluate(TREE_STATE)
             assert before["title"].startswith("Round 0:")
