@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from .backend import get_backend, set_backend, triton_available, use_backend, use_triton
+from .backend import (fused_norms_enabled, get_backend, set_backend, set_fused_norms, triton_available, use_backend,
+                      use_fused_norms, use_triton)
 from .tree_attention import naive as attention_naive
 from .tree_conv import naive as conv_naive
 from .tree_gdn import naive as gdn_naive
+from .norms import naive as norms_naive
 from .tree_gdn.naive import TreeGDNStash
 
 __all__ = [
@@ -29,6 +31,12 @@ __all__ = [
     "tree_conv_commit",
     "tree_gdn_fork",
     "tree_gdn_commit",
+    "rms_norm",
+    "gated_rms_norm",
+    "gdn_gates",
+    "fused_norms_enabled",
+    "set_fused_norms",
+    "use_fused_norms",
 ]
 
 
@@ -91,3 +99,36 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
 
         return impl.tree_attention(q, k, v, anc, prefix_len, scale, positions, window, bitmask=bitmask, **tuning)
     return attention_naive.tree_attention(q, k, v, anc, prefix_len, scale, positions, window)
+
+
+def _fused(x: torch.Tensor, *others) -> bool:
+    """The fused kernels have no backward: anything that needs gradients takes the reference."""
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others))
+    return fused_norms_enabled() and not needs_grad and use_triton(x) and _floats(x, *others)
+
+
+def rms_norm(x, weight, eps, zero_centered):
+    """RMSNorm over the last dim (zero-centred (1 + w) or plain w). See norms/naive.py."""
+    if _fused(x, weight):
+        from .norms import triton as impl
+
+        return impl.rms_norm(x, weight, eps, zero_centered)
+    return norms_naive.rms_norm(x, weight, eps, zero_centered)
+
+
+def gated_rms_norm(x, gate, weight, eps):
+    """The GDN output norm: w * RMSNorm(x) * silu(gate). See norms/naive.py."""
+    if _fused(x, gate, weight):
+        from .norms import triton as impl
+
+        return impl.gated_rms_norm(x, gate, weight, eps)
+    return norms_naive.gated_rms_norm(x, gate, weight, eps)
+
+
+def gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype=torch.float32):
+    """l2-normed q, k (in ``up_dtype``), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)."""
+    if up_dtype == torch.float32 and _fused(q, k, b, a, A_log, dt_bias):
+        from .norms import triton as impl
+
+        return impl.gdn_gates(q, k, b, a, A_log, dt_bias)
+    return norms_naive.gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype)

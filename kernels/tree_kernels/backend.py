@@ -17,6 +17,30 @@ if _backend not in _CHOICES:
     raise ValueError(f"WORKBENCH_KERNELS={_backend!r}: expected one of {_CHOICES}")
 
 
+# The fused row-wise kernels (norms, GDN gates: tree_kernels.norms) are opt-in until they are
+# measured on the GPU: WORKBENCH_FUSED_NORMS=1 (or set_fused_norms) turns them on where Triton runs.
+_fused_norms = os.environ.get("WORKBENCH_FUSED_NORMS", "0").lower() in ("1", "true", "on", "yes")
+
+
+def set_fused_norms(enabled: bool) -> None:
+    global _fused_norms
+    _fused_norms = bool(enabled)
+
+
+def fused_norms_enabled() -> bool:
+    return _fused_norms
+
+
+@contextlib.contextmanager
+def use_fused_norms(enabled: bool = True):
+    old = _fused_norms
+    set_fused_norms(enabled)
+    try:
+        yield
+    finally:
+        set_fused_norms(old)
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

@@ -319,6 +319,27 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         except Exception as exc:  # report it; the eager-graph numbers above still stand
             out["compiled"]["error"] = repr(exc)[:2000]
             log(f"27B dims, compiled layers failed: {exc!r}"[:500])
+    if args.fused_norms:
+        # the same steps with the fused row-wise kernels (norms, GDN gates: tree_kernels.norms), which
+        # halve the kernels per step (counted: data/results/launches-cpu-*.json)
+        import tree_kernels as tk
+
+        out["fused_norms"] = {}
+        try:
+            with tk.use_fused_norms():
+                for method, budget in (("ar", 1), ("ddtree", 64)):
+                    eng = engine_for(method, budget)
+                    ms = time_step(eng, "round", eng._round_step)
+                    out["fused_norms"]["ar_step_ms" if method == "ar" else "verify_65_fork_ms"] = ms
+                    log(f"27B dims, fused norms: {method} round step {ms:.2f} ms")
+                    del eng
+            f = out["fused_norms"]
+            f["ar_step_over_floor"] = f["ar_step_ms"] / floor_ms
+            f["verify_65_over_ar"] = f["verify_65_fork_ms"] / f["ar_step_ms"]
+            f["ar_step_unfused_over_fused"] = out["ar_step_ms"] / f["ar_step_ms"]
+        except Exception as exc:  # report it; the numbers above still stand
+            out["fused_norms"]["error"] = repr(exc)[:2000]
+            log(f"27B dims, fused norms failed: {exc!r}"[:500])
     # projection from measured acceptance (part 1, hybrid pair, T=0, fork)
     projection = {}
     for budget in args.budgets_27b:
@@ -354,6 +375,7 @@ def main(argv=None) -> dict:
     p.add_argument("--skip-pairs", action="store_true")
     p.add_argument("--skip-27b", action="store_true")
     p.add_argument("--compile", action="store_true", help="also time the 27B steps with torch.compile'd layers")
+    p.add_argument("--fused-norms", action="store_true", help="also time the 27B steps with the fused row-wise kernels")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     args.budgets = [int(b) for b in args.budgets.split(",")]
@@ -406,6 +428,10 @@ def print_table(result: dict) -> None:
             c = big["compiled"]
             print(f"  compiled layers: AR step {c['ar_step_ms']:.2f} ms = {c['ar_step_over_floor']:.2f}x floor; "
                   f"65-token verify {c['verify_65_fork_ms']:.2f} ms = {c['verify_65_over_ar']:.2f}x AR step")
+        if "ar_step_ms" in big.get("fused_norms", {}):
+            f = big["fused_norms"]
+            print(f"  fused norms: AR step {f['ar_step_ms']:.2f} ms = {f['ar_step_over_floor']:.2f}x floor; "
+                  f"65-token verify {f['verify_65_fork_ms']:.2f} ms = {f['verify_65_over_ar']:.2f}x AR step")
         for budget, pr in big["projection"]["by_budget"].items():
             print(f"  projection budget {budget}: tau {pr['tau']:.2f}, {pr['tokens_per_second']:.1f} tok/s = {pr['speedup_over_ar']:.2f}x AR")
 

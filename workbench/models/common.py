@@ -35,12 +35,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.zero_centered:
-            # (x * (1 + w)) in fp32, then cast: the order transformers uses for these models
-            return (normed * (1.0 + self.weight.float())).type_as(x)
-        return self.weight * normed.to(x.dtype)
+        # zero-centred: (x̂ (1 + w)) in fp32, then cast (the order transformers uses for these
+        # models); plain: w * (x̂ cast to x's dtype). tree_kernels/norms/naive.py is the reference
+        return tk.rms_norm(x, self.weight, self.eps, self.zero_centered)
 
 
 # ----------------------------------------------------------------------------------------------

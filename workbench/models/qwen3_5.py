@@ -17,7 +17,7 @@ after the split is identical.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+import tree_kernels as tk
 from torch import nn
 from tree_kernels import tree_conv_commit
 
@@ -36,13 +36,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x, gate):
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * normed.to(x.dtype) * F.silu(gate.float())).to(x.dtype)
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+        return tk.gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class RecurrentCache:
@@ -131,11 +125,10 @@ class GatedDeltaNet(nn.Module):
         conv_out = verify.tree_conv(mode, mixed, cache.conv_state, self.conv1d.weight[:, 0, :], None, tree)
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         up = torch.promote_types(x.dtype, torch.float32)
-        q = l2norm(q.reshape(t, self.hk, self.dk).to(up))
-        k = l2norm(k.reshape(t, self.hk, self.dk).to(up))
+        # l2-normed q, k (fp32), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
+        q, k, beta, g = tk.gdn_gates(q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), b, a,
+                                     self.A_log, self.dt_bias, up)
         v = v.reshape(t, self.hv, self.dv)
-        beta = torch.sigmoid(b)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         o, pending = verify.tree_recurrence(mode, q, k, v, g, beta, cache.state, tree, scale=self.dk**-0.5)
         cache.pending, cache.pending_conv_inputs, cache.pending_mode = pending, mixed, mode
         o = self.norm(o.to(x.dtype), z)

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from tree_kernels.norms.naive import l2norm
 
 from ..models.common import Attention, CausalLM
-from ..models.qwen3_5 import GatedDeltaNet, l2norm
+from ..models.qwen3_5 import GatedDeltaNet
 
 GDN_CHUNK = 64
 

@@ -1,0 +1,1 @@
+"""Row-wise elementwise work of a decoder layer (norms, GDN gates): references and Triton kernels."""

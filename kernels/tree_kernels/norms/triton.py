@@ -1,0 +1,168 @@
+"""The row-wise work of a decoder layer in Triton, one launch per op instead of one per torch
+elementwise op (a decode step's elementwise kernels are latency-bound: ~8 for an RMSNorm, ~17
+for the GDN gates). Same maths and rounding points as naive.py, which they are tested against.
+
+    _rms_norm_kernel        one program per row (rows addressed by two strided leading dims)
+    _gated_rms_norm_kernel  one program per (token, value head)
+    _gdn_gates_kernel       one program per token: l2norm of its q and k heads, beta and g of its value heads
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton_common import next_pow2
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _rms_norm_kernel(X, W, Y, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    pid = tl.program_id(0)
+    i0 = pid // n1
+    i1 = pid % n1
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    x_raw = tl.load(X + i0 * sx0 + i1 * sx1 + offs, mask=m, other=0.0)
+    x = x_raw.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    nx = x * r
+    w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        y = nx * (1.0 + w)  # fp32, cast once (the order transformers uses)
+    else:
+        y = w * nx.to(x_raw.dtype).to(tl.float32)  # x̂ cast to x's dtype first, as the reference
+    tl.store(Y + pid * D + offs, y.to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(X, Z, W, Y, n1, sx0, sx1, sz0, sz1, D, eps, BLOCK: tl.constexpr, ROUND_WX: tl.constexpr):
+    pid = tl.program_id(0)
+    i0 = pid // n1
+    i1 = pid % n1
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    x_raw = tl.load(X + i0 * sx0 + i1 * sx1 + offs, mask=m, other=0.0)
+    x = x_raw.to(tl.float32)
+    nx = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps))
+    w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
+    wx = w * nx.to(x_raw.dtype).to(tl.float32)
+    if ROUND_WX:  # weight and x in the same half type: the product is rounded to it, as in torch
+        wx = wx.to(x_raw.dtype).to(tl.float32)
+    z = tl.load(Z + i0 * sz0 + i1 * sz1 + offs, mask=m, other=0.0).to(tl.float32)
+    y = wx * (z / (1.0 + tl.exp(-z)))
+    tl.store(Y + pid * D + offs, y.to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _l2norm_heads(P, t, st, sh, H, DK, BH: tl.constexpr, BK: tl.constexpr):
+    rh = tl.arange(0, BH)
+    rk = tl.arange(0, BK)
+    m = (rh[:, None] < H) & (rk[None, :] < DK)
+    x = tl.load(P + t * st + rh[:, None] * sh + rk[None, :], mask=m, other=0.0).to(tl.float32)
+    return x * (1.0 / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6))[:, None], m
+
+
+@triton.jit
+def _gdn_gates_kernel(
+    Q, K, B, A, ALog, DtBias,
+    QN, KN, Beta, G,
+    H, DK, HV,
+    sq_t, sq_h, sk_t, sk_h, sb_t, sa_t,
+    BH: tl.constexpr, BK: tl.constexpr, BHV: tl.constexpr,
+):
+    t = tl.program_id(0)
+    qn, m = _l2norm_heads(Q, t, sq_t, sq_h, H, DK, BH, BK)
+    kn, _ = _l2norm_heads(K, t, sk_t, sk_h, H, DK, BH, BK)
+    rh = tl.arange(0, BH)
+    rk = tl.arange(0, BK)
+    out = t * H * DK + rh[:, None] * DK + rk[None, :]
+    tl.store(QN + out, qn, mask=m)
+    tl.store(KN + out, kn, mask=m)
+    rv = tl.arange(0, BHV)
+    mv = rv < HV
+    b_raw = tl.load(B + t * sb_t + rv, mask=mv, other=0.0)
+    b = b_raw.to(tl.float32)
+    tl.store(Beta + t * HV + rv, (1.0 / (1.0 + tl.exp(-b))).to(Beta.dtype.element_ty), mask=mv)
+    x = tl.load(A + t * sa_t + rv, mask=mv, other=0.0).to(tl.float32) + tl.load(DtBias + rv, mask=mv, other=0.0).to(tl.float32)
+    # softplus as torch's (threshold 20); log1p(e) by Kahan's trick: log(u) e / (u - 1), u = 1 + e,
+    # exact where a plain log(1 + e) would lose the digits of a small e
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    log1p = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))  # no 0/0 even where unused
+    sp = tl.where(x > 20.0, x, log1p)
+    g = -tl.exp(tl.load(ALog + rv, mask=mv, other=0.0).to(tl.float32)) * sp
+    tl.store(G + t * HV + rv, g, mask=mv)
+
+
+def _rows(x: torch.Tensor):
+    """(n0, n1, stride0, stride1) addressing every row of x (last dim unit-stride) without a copy."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if x.dim() == 1:
+        return x, 1, 1, 0, 0
+    if x.dim() == 2:
+        return x, x.shape[0], 1, x.stride(0), 0
+    if x.dim() == 3:
+        return x, x.shape[0], x.shape[1], x.stride(0), x.stride(1)
+    x = x.reshape(-1, x.shape[-1])
+    return x, x.shape[0], 1, x.stride(0), 0
+
+
+def _warps(block: int) -> int:
+    return 1 if block <= 256 else 4 if block <= 2048 else 8
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
+    d = x.shape[-1]
+    if weight.shape != (d,):
+        raise ValueError(f"rms_norm: weight {tuple(weight.shape)} does not fit rows of {d}")
+    out_dtype = x.dtype if zero_centered else torch.promote_types(weight.dtype, x.dtype)
+    xs, n0, n1, s0, s1 = _rows(x)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if y.numel():
+        block = max(16, next_pow2(d))
+        _rms_norm_kernel[(n0 * n1,)](xs, weight, y, n1, s0, s1, d, float(eps), BLOCK=block, ZERO_CENTERED=bool(zero_centered),
+                                     num_warps=_warps(block))
+    return y
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    d = x.shape[-1]
+    if gate.shape != x.shape or weight.shape != (d,):
+        raise ValueError(f"gated_rms_norm: x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight {tuple(weight.shape)}")
+    xs, n0, n1, s0, s1 = _rows(x)
+    zs, _, _, z0, z1 = _rows(gate)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if y.numel():
+        block = max(16, next_pow2(d))
+        round_wx = torch.promote_types(weight.dtype, x.dtype) in _HALF
+        _gated_rms_norm_kernel[(n0 * n1,)](xs, zs, weight, y, n1, s0, s1, z0, z1, d, float(eps), BLOCK=block,
+                                           ROUND_WX=round_wx, num_warps=_warps(block))
+    return y
+
+
+def gdn_gates(q, k, b, a, A_log, dt_bias):
+    """q, k [T, H, dk] -> fp32 l2-normed; b, a [T, HV] -> beta (b's dtype), g fp32. One launch."""
+    t, h, dk = q.shape
+    hv = b.shape[-1]
+    if k.shape != q.shape or b.shape != (t, hv) or a.shape != (t, hv) or A_log.shape != (hv,) or dt_bias.shape != (hv,):
+        raise ValueError(f"gdn_gates: q {tuple(q.shape)}, k {tuple(k.shape)}, b {tuple(b.shape)}, a {tuple(a.shape)}, "
+                         f"A_log {tuple(A_log.shape)}, dt_bias {tuple(dt_bias.shape)}")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    b = b if b.stride(-1) == 1 else b.contiguous()
+    a = a if a.stride(-1) == 1 else a.contiguous()
+    dev = q.device
+    qn = torch.empty(t, h, dk, dtype=torch.float32, device=dev)
+    kn = torch.empty(t, h, dk, dtype=torch.float32, device=dev)
+    beta = torch.empty(t, hv, dtype=b.dtype, device=dev)
+    g = torch.empty(t, hv, dtype=torch.float32, device=dev)
+    if t:
+        bh, bk, bhv = max(2, next_pow2(h)), max(16, next_pow2(dk)), max(2, next_pow2(hv))
+        _gdn_gates_kernel[(t,)](q, k, b, a, A_log, dt_bias, qn, kn, beta, g, h, dk, hv,
+                                q.stride(0), q.stride(1), k.stride(0), k.stride(1), b.stride(0), a.stride(0),
+                                BH=bh, BK=bk, BHV=bhv, num_warps=_warps(bh * bk))
+    return qn, kn, beta, g

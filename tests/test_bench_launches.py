@@ -1,0 +1,26 @@
+"""bench/launches counts a step's kernels: Triton launches land in the layer that makes them, the
+fused row-wise kernels replace the elementwise chains, and the 27B scaling is the stated sum."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from workbench.bench.launches import count_step, scale_to_27b  # noqa: E402
+
+
+def test_counts_per_layer_and_the_fused_kernels_cut_them():
+    off, on = count_step("ar", 1, fused=False), count_step("ar", 1, fused=True)
+    gdn_off, gdn_on = off["per_kind"]["linear_attn"], on["per_kind"]["linear_attn"]
+    # unfused: the tree conv and the fork kernel; fused: + gates and the gated norm and two RMSNorms
+    assert gdn_off["triton_launches_per_layer"] == 2 and gdn_on["triton_launches_per_layer"] == 6
+    assert gdn_on["per_layer_forward"] < gdn_off["per_layer_forward"] - 20
+    assert on["per_kind"]["self_attn"]["per_layer_forward"] < off["per_kind"]["self_attn"]["per_layer_forward"]
+    assert gdn_off["per_layer_commit"] >= 2  # the GDN and conv commits
+    k = off["per_kind"]
+    expected = off["rest_of_round_step"] + 48 * (k["linear_attn"]["per_layer_forward"] + k["linear_attn"]["per_layer_commit"]) \
+        + 16 * (k["self_attn"]["per_layer_forward"] + k["self_attn"]["per_layer_commit"])
+    assert scale_to_27b(off) == expected and scale_to_27b(on) < expected

@@ -1,0 +1,109 @@
+"""The fused row-wise kernels (tree_kernels.norms) against their references under TRITON_INTERPRET=1,
+and a whole hybrid and dense model giving the same logits with them on and off."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+import tree_kernels as tk  # noqa: E402
+from tree_kernels.norms import naive  # noqa: E402
+from tree_kernels.norms import triton as impl  # noqa: E402
+
+if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - a GPU run of the same file
+    pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton needs the interpreter or a GPU")
+
+
+def close(a, b, tol, half_inputs=False):
+    """Full precision: within ``tol``. Half types anywhere: within a few rounding steps, relative
+    and elementwise (the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest, and
+    the plain RMSNorm rounds twice)."""
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    diff = (a.float() - b.float()).abs()
+    if a.dtype == torch.float32 and not half_inputs:
+        assert diff.max().item() <= tol
+    else:
+        # up to three roundings of at most 2^-7 relative each (a truncation near a binade bottom)
+        assert bool((diff <= b.float().abs() * 3 * 2.0**-7 + 1e-6).all()), diff.max().item()
+
+
+@pytest.mark.parametrize("shape", [(5, 24), (3, 4, 16), (1, 7, 40), (2, 3, 2, 16)])
+@pytest.mark.parametrize("dtype,wdtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("zero_centered", [True, False])
+def test_rms_norm_matches_reference(shape, dtype, wdtype, zero_centered):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+    w = (torch.randn(shape[-1], generator=g) * 0.5).to(wdtype)
+    ref = naive.rms_norm(x, w, 1e-6, zero_centered)
+    got = impl.rms_norm(x, w, 1e-6, zero_centered)
+    # fp32: reduction order only; half types: at most one rounding step of the output
+    close(got, ref, 1e-5, half_inputs=dtype != torch.float32)
+
+
+def test_rms_norm_reads_strided_rows():
+    x = torch.randn(6, 5, 32)[:, ::2, :16]  # neither dim contiguous but the last
+    w = torch.randn(16)
+    close(impl.rms_norm(x, w, 1e-6, True), naive.rms_norm(x, w, 1e-6, True), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_rms_norm_matches_reference(dtype):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 6, 20, generator=g).to(dtype)
+    z = torch.randn(4, 6, 40, generator=g).to(dtype)[..., :20]  # a strided gate, as a projection split gives
+    w = (1 + 0.1 * torch.randn(20, generator=g)).to(dtype)
+    ref = naive.gated_rms_norm(x, z, w, 1e-6)
+    close(impl.gated_rms_norm(x, z, w, 1e-6), ref, 1e-5, half_inputs=dtype != torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gdn_gates_match_reference(dtype):
+    g = torch.Generator().manual_seed(4)
+    t, h, hv, dk = 5, 3, 9, 12
+    mixed = torch.randn(t, 2 * h * dk + 7, generator=g).to(dtype)
+    q = mixed[:, : h * dk].reshape(t, h, dk)  # slices of the conv output, as the model passes them
+    k = mixed[:, h * dk : 2 * h * dk].reshape(t, h, dk)
+    b = torch.randn(t, hv, generator=g).to(dtype)
+    a = torch.cat([torch.randn(t, hv - 2, generator=g) * 4, torch.tensor([[30.0, -40.0]] * t)], 1).to(dtype)  # both softplus tails
+    A_log = torch.rand(hv, generator=g).to(dtype)
+    dt_bias = torch.randn(hv, generator=g).to(dtype)
+    ref = naive.gdn_gates(q, k, b, a, A_log, dt_bias)
+    got = impl.gdn_gates(q, k, b, a, A_log, dt_bias)
+    for name, r, o in zip(("q", "k", "beta", "g"), ref, got):
+        assert r.dtype == o.dtype, name
+        rel = ((o.float() - r.float()).abs() / (r.float().abs() + 1e-30)).max().item()
+        assert rel < (1e-5 if r.dtype == torch.float32 else 2 * 2.0**-8), (name, rel)
+
+
+def test_dispatch_is_opt_in_and_never_takes_the_gradient_path(monkeypatch):
+    x = torch.randn(3, 16)
+    w = torch.randn(16, requires_grad=True)
+    calls = []
+    monkeypatch.setattr(impl, "rms_norm", lambda *a: calls.append(1) or naive.rms_norm(*a))
+    with tk.use_backend("triton"):
+        tk.rms_norm(x, w, 1e-6, True)
+        assert not calls  # off by default
+        with tk.use_fused_norms():
+            y = tk.rms_norm(x, w, 1e-6, True)
+            assert not calls and y.requires_grad  # weights that need gradients: the reference
+            with torch.no_grad():
+                tk.rms_norm(x, w, 1e-6, True)
+            assert calls == [1]
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "dense"])
+def test_a_model_gives_the_same_logits_with_the_fused_kernels(kind):
+    from workbench.random_models import random_target
+    from workbench.tree import Tree, compile_tree
+
+    target = random_target(kind, seed=5, vocab_size=96)
+    ids = list(range(3, 20))
+    with torch.no_grad():
+        ref = target.run_chain(ids, target.new_cache(40)).logits
+        with tk.use_backend("triton"), tk.use_fused_norms():
+            got = target.run_chain(ids, target.new_cache(40)).logits
+    assert (got - ref).abs().max().item() < 1e-4
