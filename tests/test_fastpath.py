@@ -170,3 +170,15 @@ def test_buffers_keep_their_identity_across_generations():
     first = addresses()
     engine.generate(list(range(30, 60)))
     assert addresses() == first
+
+
+@pytest.mark.parametrize("n,depth,shape", [(1, 1, "mixed"), (9, 8, "deep"), (17, 16, "deep"), (64, 16, "mixed"), (100, 3, "wide"), (257, 15, "mixed")])
+def test_static_ancestor_mask_by_pointer_doubling_equals_the_walk(n, depth, shape):
+    from trees import random_tree
+
+    tree = random_tree(n, depth, seed=n, shape=shape)
+    parents = torch.tensor(tree.parents)
+    ref = ancestor_mask(parents)
+    for max_depth in sorted({tree.max_depth, tree.max_depth + 1, 15}):
+        if max_depth >= tree.max_depth:
+            assert torch.equal(static_ancestor_mask(parents, max_depth), ref), max_depth
