@@ -6,7 +6,7 @@ lever on the AR step. This counts them without a GPU: the fast path's round step
 random-weight hybrid model in the Qwen3.6 layer pattern (3 GDN : 1 attention), with every aten op
 that would launch a kernel counted (views and metadata ops excluded) and every Triton launch
 counted (the Triton kernels run under ``TRITON_INTERPRET=1``), per decoder layer, per cache commit
-and for the rest of the step. Then the per-layer counts are scaled to a 64-layer Qwen3.6-27B step
+and for the rest of the step; for DDTree also the draft step of a one-layer DFlash drafter. Then the per-layer counts are scaled to a 64-layer Qwen3.6-27B step
 (48 GDN + 16 attention layers). Measured with the fused row-wise kernels (``tree_kernels.norms``)
 off and on, side by side; written to ``data/results/launches-cpu-<date>.json``.
 
@@ -74,18 +74,17 @@ def count_step(method: str, budget: int, fused: bool, seed: int = 0) -> dict:
     """Kernels of one round step (and the draft step for DDTree) of the fast path, by bucket."""
     import tree_kernels as tk
 
-    from ..drafters.oracle import OracleDrafter, OracleSpec
-    from ..engine import GenerationConfig, generate
+    from ..drafters.dflash import DFlashDrafter
+    from ..engine import GenerationConfig
     from ..fastpath import FastEngine
-    from ..random_models import random_target
+    from ..random_models import random_dflash, random_target
 
-    target = random_target("hybrid", seed=seed, vocab_size=200, eos_token_id=None)
+    target = random_target("hybrid", seed=seed, vocab_size=300, eos_token_id=None)
     kinds = [layer.mixer_name for layer in target.model.layers]
     prompt = [1, 2, 3, 4, 5, 6]
     drafter = None
-    if method != "ar":
-        ref = prompt + generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=40)).generated_ids
-        drafter = OracleDrafter(ref, 200, OracleSpec(block=16))
+    if method != "ar":  # a one-layer DFlash drafter, block 16 (the zoo's block size)
+        drafter = DFlashDrafter(random_dflash(target, seed=seed, num_layers=1, block_size=16), target)
     cfg = GenerationConfig(method=method, budget=budget, max_new_tokens=8, trace_topk=0, draft_trace_k=0)
     counter = KernelCounter()
     restore = _patch_triton(counter)
