@@ -129,3 +129,30 @@ def test_fast_path_with_every_triton_kernel_equals_the_reference_engine():
     assert fast.generated_ids == ref.generated_ids == ref_seq[len(prompt) : len(prompt) + 16]
     assert [r.accepted for r in fast.rounds] == [r.accepted for r in ref.rounds]
     assert any(r.through_sibling for r in fast.rounds)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d,r", [(16, 16), (32, 8), (24, 12)])
+def test_rotary_matches_reference(dtype, d, r):
+    g = torch.Generator().manual_seed(d + r)
+    t, h = 5, 3
+    x = torch.randn(t, 2 * h, d, generator=g).to(dtype)[:, ::2]  # a strided head dim, as q from a split
+    ang = torch.randn(t, r // 2, generator=g)
+    cos, sin = torch.cat([ang, ang], -1).cos().to(dtype), torch.cat([ang, ang], -1).sin().to(dtype)
+    got, ref = impl.rotary(x, cos, sin), naive.rotary(x, cos, sin)
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    # each product and the sum are rounded: the bound scales with the terms (they can cancel)
+    xa = x.float().abs()
+    partner = torch.cat([xa[..., r // 2 : r], xa[..., : r // 2]], -1)
+    terms = torch.cat([xa[..., :r] * cos.float().abs()[:, None] + partner * sin.float().abs()[:, None], xa[..., r:]], -1)
+    step = 2.0**-23 if dtype == torch.float32 else 2.0**-7
+    assert bool(((got.float() - ref.float()).abs() <= 3 * step * terms + 1e-6).all())
+    assert torch.equal(got[..., r:], x[..., r:])  # channels past R pass through untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_reference(dtype):
+    g = torch.Generator().manual_seed(9)
+    both = torch.randn(7, 2 * 1500, generator=g).to(dtype) * 3
+    gate, up = both[:, :1500], both[:, 1500:]  # strided rows, more than one block
+    close(impl.silu_mul(gate, up), naive.silu_mul(gate, up), 1e-4, half_inputs=dtype != torch.float32)  # values up to ~100

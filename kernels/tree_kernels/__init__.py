@@ -34,6 +34,8 @@ __all__ = [
     "rms_norm",
     "gated_rms_norm",
     "gdn_gates",
+    "rotary",
+    "silu_mul",
     "fused_norms_enabled",
     "set_fused_norms",
     "use_fused_norms",
@@ -132,3 +134,21 @@ def gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype=torch.float32):
 
         return impl.gdn_gates(q, k, b, a, A_log, dt_bias)
     return norms_naive.gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype)
+
+
+def rotary(x, cos, sin):
+    """Rotate-half rotary on the first ``cos.shape[-1]`` channels of each head. See norms/naive.py."""
+    if x.dim() == 3 and _fused(x, cos, sin):
+        from .norms import triton as impl
+
+        return impl.rotary(x, cos, sin)
+    return norms_naive.rotary(x, cos, sin)
+
+
+def silu_mul(gate, up):
+    """silu(gate) * up, the gated MLP's activation. See norms/naive.py."""
+    if gate.dim() == 2 and _fused(gate, up):
+        from .norms import triton as impl
+
+        return impl.silu_mul(gate, up)
+    return norms_naive.silu_mul(gate, up)

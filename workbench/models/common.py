@@ -63,13 +63,9 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos, sin [T, R] with R <= D. Channels past R pass through."""
-    r = cos.shape[-1]
-    rot, rest = x[..., :r], x[..., r:]
-    half = r // 2
-    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-    out = rot * cos[:, None, :] + rotated * sin[:, None, :]
-    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+    """x [T, H, D]; cos, sin [T, R] with R <= D. Channels past R pass through (rotate-half layout;
+    the reference is tree_kernels/norms/naive.py)."""
+    return tk.rotary(x, cos, sin)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -84,7 +80,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(tk.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class Experts(nn.Module):

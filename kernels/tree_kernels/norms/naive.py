@@ -5,6 +5,8 @@ model families use (and transformers uses), so the CPU path is unchanged by the 
                      or w * (x̂ cast to x's dtype) (Qwen3)
     gated_rms_norm   the GDN output norm: w * (x̂ cast) * silu(gate), cast to x's dtype
     gdn_gates        l2norm(q), l2norm(k) (fp32), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
+    rotary           x * cos + rotate_half(x) * sin on the first R channels of each head (partial rotary)
+    silu_mul         silu(gate) * up (the gated MLP's activation)
 """
 
 from __future__ import annotations
@@ -38,3 +40,17 @@ def gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype=torch.float32):
     beta = torch.sigmoid(b)
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
     return qn, kn, beta, g
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos, sin [T, R] with R <= D (rotate-half layout). Channels past R pass through."""
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    out = rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up

@@ -5,6 +5,8 @@ for the GDN gates). Same maths and rounding points as naive.py, which they are t
     _rms_norm_kernel        one program per row (rows addressed by two strided leading dims)
     _gated_rms_norm_kernel  one program per (token, value head)
     _gdn_gates_kernel       one program per token: l2norm of its q and k heads, beta and g of its value heads
+    _rotary_kernel          one program per (token, head): rotate-half on the first R channels
+    _silu_mul_kernel        blocks of a flat [T, I] pair
 """
 
 from __future__ import annotations
@@ -97,6 +99,43 @@ def _gdn_gates_kernel(
     tl.store(G + t * HV + rv, g, mask=mv)
 
 
+@triton.jit
+def _rotary_kernel(X, Cos, Sin, Y, H, sx_t, sx_h, sc_t, D, R, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    t = pid // H
+    h = pid % H
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    base = X + t * sx_t + h * sx_h
+    x_raw = tl.load(base + offs, mask=m, other=0.0)
+    half = R // 2
+    in_rot = offs < R
+    partner = tl.where(offs < half, offs + half, offs - half)
+    xp = tl.load(base + partner, mask=m & in_rot, other=0.0).to(tl.float32)
+    xp = tl.where(offs < half, -xp, xp)  # rotate_half: (-x2, x1)
+    c = tl.load(Cos + t * sc_t + offs, mask=m & in_rot, other=0.0).to(tl.float32)
+    s = tl.load(Sin + t * sc_t + offs, mask=m & in_rot, other=0.0).to(tl.float32)
+    # the reference rounds each product and the sum to x's dtype
+    a = (x_raw.to(tl.float32) * c).to(x_raw.dtype).to(tl.float32)
+    b = (xp * s).to(x_raw.dtype).to(tl.float32)
+    y = tl.where(in_rot, (a + b).to(x_raw.dtype), x_raw)
+    tl.store(Y + pid * D + offs, y, mask=m)
+
+
+@triton.jit
+def _silu_mul_kernel(G, U, Y, N, I, sg, su, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    row = offs // I
+    col = offs % I
+    g_raw = tl.load(G + row * sg + col, mask=m, other=0.0)
+    g = g_raw.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(g_raw.dtype).to(tl.float32)  # silu in fp32, rounded as torch does
+    u = tl.load(U + row * su + col, mask=m, other=0.0).to(tl.float32)
+    tl.store(Y + offs, (act * u).to(Y.dtype.element_ty), mask=m)
+
+
 def _rows(x: torch.Tensor):
     """(n0, n1, stride0, stride1) addressing every row of x (last dim unit-stride) without a copy."""
     if x.stride(-1) != 1:
@@ -166,3 +205,34 @@ def gdn_gates(q, k, b, a, A_log, dt_bias):
                                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), b.stride(0), a.stride(0),
                                 BH=bh, BK=bk, BHV=bhv, num_warps=_warps(bh * bk))
     return qn, kn, beta, g
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] (last dim unit-stride), cos/sin [T, R], R even and <= D. One launch."""
+    t, h, d = x.shape
+    r = cos.shape[-1]
+    if cos.shape != (t, r) or sin.shape != (t, r) or r > d or r % 2:
+        raise ValueError(f"rotary: x {tuple(x.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    y = torch.empty(t, h, d, dtype=x.dtype, device=x.device)
+    if y.numel():
+        block = max(16, next_pow2(d))
+        _rotary_kernel[(t * h,)](x, cos, sin, y, h, x.stride(0), x.stride(1), cos.stride(0), d, r, BLOCK=block,
+                                 num_warps=_warps(block))
+    return y
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for [T, I] tensors (rows may be strided). One launch."""
+    if gate.shape != up.shape or gate.dim() != 2:
+        raise ValueError(f"silu_mul: gate {tuple(gate.shape)}, up {tuple(up.shape)}")
+    gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+    up = up if up.stride(-1) == 1 else up.contiguous()
+    t, i = gate.shape
+    y = torch.empty(t, i, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
+    n = t * i
+    if n:
+        block = 1024
+        _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, y, n, i, gate.stride(0), up.stride(0), BLOCK=block, num_warps=4)
+    return y
