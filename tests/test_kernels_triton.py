@@ -456,3 +456,33 @@ def test_static_entry_points_dispatch_to_triton_and_match_the_references():
     assert (s_got - gdn_naive.tree_gdn_commit(stash, S0, path)).abs().max() < 1e-4
     assert torch.equal(c_got, conv_naive.tree_conv_commit(x, state, path))
     assert torch.equal(f_got, conv_naive.tree_conv_commit(x, state, list(range(21))))
+
+
+def test_commits_in_place_equal_the_out_of_place_commits():
+    """The fast path commits into the state buffers themselves (no copy): the same values."""
+    from tree_kernels import static as st
+
+    g = torch.Generator().manual_seed(12)
+    tree = random_tree(30, 7, seed=8)
+    c = compile_tree(tree, 0)
+    qq, kk = torch.nn.functional.normalize(torch.randn(2, 30, 2, 16, generator=g), dim=-1)
+    v = torch.randn(30, 6, 24, generator=g)
+    gate, beta = -torch.rand(30, 6, generator=g), torch.rand(30, 6, generator=g)
+    S0 = torch.randn(6, 16, 24, generator=g)
+    _, stash = gdn_naive.tree_gdn_fork(qq, kk, v, gate, beta, S0, c.anc)
+    for node in (0, 17, 29):
+        path = tree.path_to(node)
+        padded = torch.tensor(path + [0] * (8 - len(path)))
+        count = torch.tensor(len(path))
+        ref = gdn_naive.tree_gdn_commit(stash, S0, path)
+        state = S0.clone()
+        with tk.use_backend("triton"):
+            got = st.tree_gdn_commit_static(stash, state, padded, count, out=state)
+        assert got is state and (state - ref).abs().max() < 1e-4
+        for flat, width in ((False, 4), (True, 4), (False, 2)):
+            x, conv = torch.randn(30, 40, generator=g), torch.randn(40, width - 1, generator=g)
+            want = conv_naive.tree_conv_commit(x, conv, list(range(path[-1] + 1)) if flat else path)
+            buf = conv.clone()
+            with tk.use_backend("triton"):
+                got = st.conv_commit_static(flat, x, buf, padded, count, out=buf)
+            assert got is buf and torch.equal(buf, want), (node, flat, width)

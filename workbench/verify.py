@@ -68,11 +68,11 @@ class _StashPending(PendingRecurrence):
             return tk.tree_gdn_commit(self.stashes[c], self.start_states[c], local)
         return tk.tree_gdn_commit(self.stashes[0], self.start_states[0], path)
 
-    def commit_static(self, path: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """``commit`` for a padded device path with ``count`` valid slots (no host sync)."""
-        slots = torch.arange(path.shape[0], device=path.device)
+    def commit_static(self, path: torch.Tensor, count: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``commit`` for a padded device path with ``count`` valid slots (no host sync). With
+        ``out`` (the committed state itself), the kernel may write in place: check the result."""
         if not self.flat and len(self.stashes) == 1:
-            return static_kernels.tree_gdn_commit_padded(self.stashes[0], self.start_states[0], path, slots < count)
+            return static_kernels.tree_gdn_commit_static(self.stashes[0], self.start_states[0], path, count, out)
         # flattened order: the state at the last node counts everything before it in flat order;
         # every chunk proposes its candidate and the one holding the last node is taken
         last = path.gather(0, (count - 1).reshape(1))[0]
@@ -103,7 +103,7 @@ class _StatesPending(PendingRecurrence):
     def commit(self, path: list[int]) -> torch.Tensor:
         return self.states[int(path[-1])]
 
-    def commit_static(self, path: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    def commit_static(self, path: torch.Tensor, count: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.states.index_select(0, path.gather(0, (count - 1).reshape(1)))[0]
 
     def node_states(self) -> torch.Tensor:
@@ -146,8 +146,8 @@ def tree_conv(mode, x, conv_state, weight, bias, tree: CompiledTree, activation=
     return tk.tree_conv1d(x, conv_state, weight, bias, view.conv_table(weight.shape[-1]), activation)
 
 
-def conv_commit_static(mode: str, x, conv_state, path: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    return static_kernels.conv_commit_static(mode == "unsafe", x, conv_state, path, count)
+def conv_commit_static(mode: str, x, conv_state, path: torch.Tensor, count: torch.Tensor, out=None) -> torch.Tensor:
+    return static_kernels.conv_commit_static(mode == "unsafe", x, conv_state, path, count, out)
 
 
 def conv_commit_path(mode: str, path: list[int]) -> list[int]:

@@ -59,7 +59,21 @@ def tree_gdn_commit_padded(stash: TreeGDNStash, state, path, valid):
     return torch.exp(Ga)[:, None, None] * state.to(upd.dtype) + upd
 
 
-def conv_commit_static(flat: bool, x, conv_state, path, count):
+def tree_gdn_commit_static(stash: TreeGDNStash, state, path, count, out=None):
+    """State after the first ``count`` slots of a padded path (``count`` a device scalar >= 1).
+
+    Triton writes into ``out`` (``state`` itself for an in-place commit); the torch reference
+    returns a new tensor (the caller copies)."""
+    if use_triton(stash.G) and state.dtype in _TRITON_FLOATS and stash.k.dtype in _TRITON_FLOATS:
+        from .tree_gdn import triton as impl
+
+        can_write = out is not None and out.dtype == torch.float32 and out.is_contiguous()
+        return impl.tree_gdn_commit(stash, state, path, count=count, out=out if can_write else None)
+    valid = torch.arange(path.shape[0], device=path.device) < count
+    return tree_gdn_commit_padded(stash, state, path, valid)
+
+
+def conv_commit_static(flat: bool, x, conv_state, path, count, out=None):
     """Conv state after a padded path: the last W-1 inputs along it (or, flat, up to its last node)."""
     keep = conv_state.shape[1]
     if keep == 0:
@@ -67,10 +81,12 @@ def conv_commit_static(flat: bool, x, conv_state, path, count):
     if use_triton(x) and x.dtype in _TRITON_FLOATS and keep <= 3:
         from .tree_conv import triton as impl
 
+        if out is not None and not out.is_contiguous():
+            out = None
         if flat:  # the flattened order up to the last accepted node
             last = path.gather(0, (count - 1).reshape(1))[0]
-            return impl.tree_conv_commit(x, conv_state, torch.arange(x.shape[0], device=x.device), count=last + 1)
-        return impl.tree_conv_commit(x, conv_state, path, count=count)
+            return impl.tree_conv_commit(x, conv_state, torch.arange(x.shape[0], device=x.device), count=last + 1, out=out)
+        return impl.tree_conv_commit(x, conv_state, path, count=count, out=out)
     offsets = torch.arange(keep, device=x.device)
     if flat:
         last = path.gather(0, (count - 1).reshape(1))[0]

@@ -61,11 +61,14 @@ class RecurrentCache:
         return other
 
     def commit_static(self, start: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
-        """Fast path: in-place commit of a padded path (no host sync, graph-capturable)."""
-        self.state.copy_(self.pending.commit_static(path, count))
-        self.conv_state.copy_(
-            verify.conv_commit_static(self.pending_mode, self.pending_conv_inputs, self.conv_state, path, count)
-        )
+        """Fast path: in-place commit of a padded path (no host sync, graph-capturable). The
+        Triton commits write into the state buffers themselves; the references return copies."""
+        state = self.pending.commit_static(path, count, out=self.state)
+        if state is not self.state:
+            self.state.copy_(state)
+        conv = verify.conv_commit_static(self.pending_mode, self.pending_conv_inputs, self.conv_state, path, count, out=self.conv_state)
+        if conv is not self.conv_state:
+            self.conv_state.copy_(conv)
 
     def commit(self, path: torch.Tensor) -> None:
         if self.pending is None:

@@ -102,18 +102,23 @@ def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", *, block_
     return y
 
 
-def tree_conv_commit(x, conv_state, path, *, count: torch.Tensor | None = None, block_c: int = 1024, num_warps: int = 4):
+def tree_conv_commit(x, conv_state, path, *, count: torch.Tensor | None = None, block_c: int = 1024, num_warps: int = 4,
+                     out: torch.Tensor | None = None):
     """Conv state after accepting ``path`` (the last W-1 inputs along it), one launch.
 
     ``path``: a host list (copied once and cached: every layer of a round commits the same
-    path) or a device tensor (no host sync)."""
+    path) or a device tensor (no host sync). ``out`` may be ``conv_state`` itself (contiguous):
+    column j is written after every read it precedes (reads are of columns plen + j' > j')."""
     keep = conv_state.shape[1]
     if not 1 <= keep <= MAX_COMMIT_WIDTH - 1:
         raise ValueError(f"tree_conv_commit (triton): conv state of {keep} columns is not supported")
     x = as_last_contiguous(x)
     idx, plen, is_range = path_operand(path, x.device)
     c = conv_state.shape[0]
-    out = torch.empty(c, keep, dtype=conv_state.dtype, device=conv_state.device)
+    if out is None:
+        out = torch.empty(c, keep, dtype=conv_state.dtype, device=conv_state.device)
+    elif out.shape != (c, keep) or out.dtype != conv_state.dtype or not out.is_contiguous():
+        raise ValueError(f"tree_conv_commit: out must be a contiguous {(c, keep)} {conv_state.dtype} tensor")
     _conv_commit_kernel[(triton.cdiv(c, block_c),)](
         x, conv_state, idx if idx is not None else x, out, count.reshape(1) if count is not None else out,
         c, plen, x.stride(0), conv_state.stride(0), conv_state.stride(1),

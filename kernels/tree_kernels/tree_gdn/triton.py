@@ -286,11 +286,13 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
 
 
 def tree_gdn_commit(stash: TreeGDNStash, state, path, *, count: torch.Tensor | None = None,
-                    block_k: int | None = None, block_v: int | None = None, num_warps: int = 4):
+                    block_k: int | None = None, block_v: int | None = None, num_warps: int = 4,
+                    out: torch.Tensor | None = None):
     """State after the accepted node path[-1] from the stash, one launch. fp32 [HV, dk, dv].
 
     With ``count`` (a device scalar), ``path`` is a padded device tensor whose first ``count``
-    entries are the path: no host sync, graph-capturable."""
+    entries are the path: no host sync, graph-capturable. ``out`` may be ``state`` itself (each
+    program reads its tile of S0 before it writes the same tile): the commit in place."""
     t, hv, dk = stash.k.shape
     dv = stash.u.shape[-1]
     if state.shape != (hv, dk, dv):
@@ -298,7 +300,10 @@ def tree_gdn_commit(stash: TreeGDNStash, state, path, *, count: torch.Tensor | N
     dev = stash.G.device
     idx, plen, is_range = path_operand(path, dev)
     state = state.float().contiguous()
-    out = torch.empty(hv, dk, dv, dtype=torch.float32, device=dev)
+    if out is None:
+        out = torch.empty(hv, dk, dv, dtype=torch.float32, device=dev)
+    elif out.shape != (hv, dk, dv) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"tree_gdn_commit: out must be a contiguous fp32 {(hv, dk, dv)} tensor, got {tuple(out.shape)} {out.dtype}")
     bk = block_k or min(64, max(16, next_pow2(dk)))
     bv = block_v or min(64, max(16, next_pow2(dv)))
     grid = (hv, triton.cdiv(dk, bk), triton.cdiv(dv, bv))
