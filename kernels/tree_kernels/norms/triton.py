@@ -21,16 +21,20 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
-    pid = tl.program_id(0)
-    i0 = pid // n1
-    i1 = pid % n1
+def _normed_row(X, pid, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr):
+    """Row ``pid`` of x (two strided leading dims): the raw row, x * rsqrt(mean(x^2) + eps) in fp32, the mask."""
     offs = tl.arange(0, BLOCK)
     m = offs < D
-    x_raw = tl.load(X + i0 * sx0 + i1 * sx1 + offs, mask=m, other=0.0)
+    x_raw = tl.load(X + (pid // n1) * sx0 + (pid % n1) * sx1 + offs, mask=m, other=0.0)
     x = x_raw.to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    nx = x * r
+    return x_raw, x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)), m
+
+
+@triton.jit
+def _rms_norm_kernel(X, W, Y, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x_raw, nx, m = _normed_row(X, pid, n1, sx0, sx1, D, eps, BLOCK)
     w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
     if ZERO_CENTERED:
         y = nx * (1.0 + w)  # fp32, cast once (the order transformers uses)
@@ -42,18 +46,13 @@ def _rms_norm_kernel(X, W, Y, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr, ZERO_CE
 @triton.jit
 def _gated_rms_norm_kernel(X, Z, W, Y, n1, sx0, sx1, sz0, sz1, D, eps, BLOCK: tl.constexpr, ROUND_WX: tl.constexpr):
     pid = tl.program_id(0)
-    i0 = pid // n1
-    i1 = pid % n1
     offs = tl.arange(0, BLOCK)
-    m = offs < D
-    x_raw = tl.load(X + i0 * sx0 + i1 * sx1 + offs, mask=m, other=0.0)
-    x = x_raw.to(tl.float32)
-    nx = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps))
+    x_raw, nx, m = _normed_row(X, pid, n1, sx0, sx1, D, eps, BLOCK)
     w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
     wx = w * nx.to(x_raw.dtype).to(tl.float32)
     if ROUND_WX:  # weight and x in the same half type: the product is rounded to it, as in torch
         wx = wx.to(x_raw.dtype).to(tl.float32)
-    z = tl.load(Z + i0 * sz0 + i1 * sz1 + offs, mask=m, other=0.0).to(tl.float32)
+    z = tl.load(Z + (pid // n1) * sz0 + (pid % n1) * sz1 + offs, mask=m, other=0.0).to(tl.float32)
     y = wx * (z / (1.0 + tl.exp(-z)))
     tl.store(Y + pid * D + offs, y.to(Y.dtype.element_ty), mask=m)
 
