@@ -177,7 +177,7 @@ def main(argv=None) -> int:
         ratios[f"{method}_27b_kernels_fused_over_unfused"] = round(on["qwen36_27b_round_step_kernels"] / off["qwen36_27b_round_step_kernels"], 3)
     import platform
 
-    import triton
+    from .e2e import versions
 
     result = {
         "benchmark": "launches", "what": "kernels launched per fast-path step (counted, not timed)",
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
                   "on a random hybrid model (3 GDN : 1 attention), Triton under TRITON_INTERPRET=1; 27B: per-layer counts "
                   "x (48 GDN + 16 attention) + the rest of the step",
         "date": dt.datetime.now().isoformat(timespec="seconds"), "device": f"cpu ({platform.machine()})",
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__},
+        "versions": versions(),
         "rows": rows, "ratios": ratios,
     }
     out = Path(args.out) if args.out else RESULTS / f"launches-cpu-{dt.date.today().isoformat()}.json"
