@@ -105,8 +105,10 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
 
 def _fused(x: torch.Tensor, *others) -> bool:
     """The fused kernels have no backward: anything that needs gradients takes the reference."""
+    if not fused_norms_enabled():  # the default: one flag read per call on the reference path
+        return False
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others))
-    return fused_norms_enabled() and not needs_grad and use_triton(x) and _floats(x, *others)
+    return not needs_grad and use_triton(x) and _floats(x, *others)
 
 
 def rms_norm(x, weight, eps, zero_centered):
