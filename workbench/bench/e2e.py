@@ -114,6 +114,8 @@ def _hf_generate_tokens_per_second(directory, prompts_ids, max_new, temperature,
 
 
 def bench_pair(name, drafter_name, prompts, args, device) -> dict:
+    import tree_kernels as tk
+
     from ..fastpath import FastEngine
     from ..runner import load_dflash_drafter, load_target_and_tokenizer
 
@@ -129,36 +131,41 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
     ar_outputs = {}
     for temperature in args.temperatures:
         budgets = args.budgets if temperature == 0 or args.t1_budgets is None else args.t1_budgets
-        configs = [("ar", 1, "fork"), ("dflash", 1, "fork")] + [("ddtree", b, m) for b in budgets for m in ("fork", "unsafe")]
-        for method, budget, mode in configs:
+        configs = [("ar", 1, "fork", "default"), ("dflash", 1, "fork", "default")]
+        configs += [("ddtree", b, m, "default") for b in budgets for m in ("fork", "unsafe")]
+        if args.fused_norms and temperature == 0:  # the same engine with the fused row-wise kernels
+            configs += [("ar", 1, "fork", "fused_norms"), ("dflash", 1, "fork", "fused_norms")]
+            configs += [("ddtree", b, "fork", "fused_norms") for b in budgets]
+        for method, budget, mode, variant in configs:
             cfg = GenerationConfig(method=method, budget=budget, recurrent=mode, max_new_tokens=args.max_new_tokens,
                                    temperature=temperature, seed=0, trace_topk=0, draft_trace_k=0, stop_on_eos=False)
-            engine = FastEngine(target, drafter, cfg, max_len=max_len)
-            engine.generate(ids[0])  # warm-up: captures the graphs
-            tokens = seconds = host = 0.0
-            taus, identical, near_ties, outputs = [], 0, 0, []
-            for i, x in enumerate(ids):
-                trace = engine.generate(x)
-                tokens += len(trace.generated_ids)
-                seconds += trace.decode_seconds
-                host += trace.settings["host_seconds"]
-                taus += trace.acceptance_lengths
-                outputs.append(trace.generated_ids)
+            with tk.use_fused_norms(variant == "fused_norms"):
+                engine = FastEngine(target, drafter, cfg, max_len=max_len)
+                engine.generate(ids[0])  # warm-up: captures the graphs
+                tokens = seconds = host = 0.0
+                taus, identical, near_ties, outputs = [], 0, 0, []
+                for i, x in enumerate(ids):
+                    trace = engine.generate(x)
+                    tokens += len(trace.generated_ids)
+                    seconds += trace.decode_seconds
+                    host += trace.settings["host_seconds"]
+                    taus += trace.acceptance_lengths
+                    outputs.append(trace.generated_ids)
             key = (temperature,)
-            if method == "ar":
+            if method == "ar" and variant == "default":
                 ar_outputs[key] = outputs
             else:
                 for got, ref in zip(outputs, ar_outputs[key]):
                     identical += got == ref
             row = {
-                "pair": name, "method": method, "budget": budget if method == "ddtree" else None, "recurrent": mode,
+                "pair": name, "method": method, "budget": budget if method == "ddtree" else None, "recurrent": mode, "variant": variant,
                 "temperature": temperature, "prompts": len(ids), "tokens": tokens,
                 "tokens_per_second": tokens / seconds, "mean_acceptance": statistics.fmean(taus),
                 "host_fraction": host / seconds, "rounds": len(taus),
-                "identical_to_ar": identical if method != "ar" else len(ids),
+                "identical_to_ar": identical if (method, variant) != ("ar", "default") else len(ids),
             }
             rows.append(row)
-            log(f"{name} T={temperature} {method:6s} b={budget:4d} {mode:6s}: {row['tokens_per_second']:8.1f} tok/s "
+            log(f"{name} T={temperature} {method:6s} b={budget:4d} {mode:6s} {variant}: {row['tokens_per_second']:8.1f} tok/s "
                 f"tau {row['mean_acceptance']:.2f} host {100 * row['host_fraction']:.1f}% identical {row['identical_to_ar']}/{len(ids)}")
             del engine
     hf = {}
@@ -396,12 +403,13 @@ def main(argv=None) -> dict:
 
 def print_table(result: dict) -> None:
     for name, pair in result.get("pairs", {}).items():
-        ar = {r["temperature"]: r["tokens_per_second"] for r in pair["rows"] if r["method"] == "ar"}
+        ar = {r["temperature"]: r["tokens_per_second"] for r in pair["rows"] if r["method"] == "ar" and r.get("variant", "default") == "default"}
         print(f"\n{name}: tokens/s (speed-up over our AR), mean acceptance")
         for r in pair["rows"]:
             b = r["budget"] if r["budget"] is not None else "-"
-            print(f"  T={r['temperature']:.0f} {r['method']:6s} {str(b):>4s} {r['recurrent']:6s} {r['tokens_per_second']:9.1f} "
-                  f"({r['tokens_per_second'] / ar[r['temperature']]:.2f}x)  tau {r['mean_acceptance']:.2f}  host {100 * r['host_fraction']:.1f}%")
+            print(f"  T={r['temperature']:.0f} {r['method']:6s} {str(b):>4s} {r['recurrent']:6s} {r.get('variant', 'default'):11s} {r['tokens_per_second']:9.1f} "
+                  f"({r['tokens_per_second'] / ar[r['temperature']]:.2f}x)  tau {r['mean_acceptance']:.2f}  host {100 * r['host_fraction']:.1f}%  "
+                  f"identical {r['identical_to_ar']}/{r['prompts']}")
         for t, hf in pair["hf_generate"].items():
             if "tokens_per_second" in hf:
                 print(f"  T={float(t):.0f} HF generate           {hf['tokens_per_second']:9.1f}")

@@ -43,6 +43,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
 GDN = dict(h=16, hv=48, dk=128, dv=128)
 ATTN = dict(hq=24, hkv=4, d=256)
 CONV = dict(c=10240, w=4)
+LOSSLESS_KEYS = ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch", "ddtree_fused_norms_vs_ar_torch")
+NORM_ROWS = (1, 65)  # the AR step and a 64-node verify
 TARGETS_MS = {"gdn": 0.05, "attention": 0.08, "conv": 0.02}
 ISSUE_BASELINES_MS = {"fla_chunk_64": 0.53, "fla_fused_recurrent_64": 0.12, "slot_copy_floor_64": 0.10,
                       "sdpa_bool_mask_64": 0.44, "sdpa_decode_1": 0.06}
@@ -383,6 +385,64 @@ def bench_conv(t: int, rep: int) -> dict:
     return row
 
 
+def bench_norms(t: int, rep: int, device: str = "cuda") -> dict:
+    """The fused row-wise kernels at 27B dims for ``t`` rows (1 = the AR step, 65 = a 64-node verify):
+    bf16 output vs the fp32 reference on the same inputs, and fused vs the torch reference per call."""
+    from tree_kernels.norms import naive
+    from tree_kernels.norms import triton as fused
+
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(t)
+    bf = torch.bfloat16
+    hid, inter = 5120, 17408
+    h, hv, dk, dv = GDN["h"], GDN["hv"], GDN["dk"], GDN["dv"]
+    qh, hd, rot = ATTN["hq"], ATTN["d"], ATTN["d"] // 4  # partial rotary factor 0.25
+
+    def rnd(*shape, dtype=bf):
+        return torch.randn(*shape, device=dev, generator=g).to(dtype)
+
+    x, w = rnd(t, hid), rnd(hid) * 0.1
+    o, z, wg = rnd(t, hv, dv), rnd(t, hv, dv), 1 + 0.1 * rnd(dv)
+    mixed = rnd(t, 2 * h * dk)
+    q, k = mixed[:, : h * dk].view(t, h, dk), mixed[:, h * dk:].view(t, h, dk)
+    b, a, A_log, dt_bias = rnd(t, hv), rnd(t, hv), torch.rand(hv, device=dev, generator=g) * 2.7, torch.ones(hv, device=dev)
+    xr = rnd(t, qh, hd)
+    ang = torch.rand(t, rot // 2, device=dev, generator=g) * 6.28
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(bf), torch.cat([ang.sin()] * 2, -1).to(bf)
+    gu = rnd(t, 2 * inter)
+    gate, up = gu[:, :inter], gu[:, inter:]
+
+    def f32(fn, *xs):
+        return fn(*[y.float() if torch.is_tensor(y) and y.is_floating_point() else y for y in xs])
+
+    cases = {
+        "rms_norm": (lambda m: m.rms_norm(x, w, 1e-6, True), lambda: f32(naive.rms_norm, x, w, 1e-6, True)),
+        "gated_rms_norm": (lambda m: m.gated_rms_norm(o, z, wg, 1e-6), lambda: f32(naive.gated_rms_norm, o, z, wg, 1e-6)),
+        "gdn_gates": (lambda m: m.gdn_gates(q, k, b, a, A_log, dt_bias), lambda: f32(naive.gdn_gates, q, k, b, a, A_log, dt_bias)),
+        "rotary": (lambda m: m.rotary(xr, cos, sin), lambda: f32(naive.rotary, xr, cos, sin)),
+        "silu_mul": (lambda m: m.silu_mul(gate, up), lambda: f32(naive.silu_mul, gate, up)),
+    }
+    row: dict = {"rows": t}
+    log(f"  norms T={t}")
+    for name, (call, ref32) in cases.items():
+        rec: dict = {}
+        try:
+            got, ref = call(fused), ref32()
+            got = got if isinstance(got, tuple) else (got,)
+            ref = ref if isinstance(ref, tuple) else (ref,)
+            rec["err_vs_fp32_ref"] = [err(a_, b_) for a_, b_ in zip(got, ref)]
+            plain = call(naive)
+            plain = plain if isinstance(plain, tuple) else (plain,)
+            rec["err_torch_ref_vs_fp32_ref"] = [err(a_, b_) for a_, b_ in zip(plain, ref)]
+        except Exception as exc:
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        timed("fused_ms", rec, lambda: call(fused), rep, graph=True)
+        timed("torch_ms", rec, lambda: call(naive), rep, graph=True)
+        row[name] = rec
+        log(f"    {name}: fused {rec.get('fused_cold_graph_ms')} ms vs torch {rec.get('torch_cold_graph_ms')} ms (cold graph)")
+    return row
+
+
 # ----------------------------------------------------------------------------------- losslessness
 
 
@@ -415,13 +475,15 @@ def lossless(n_prompts: int, new_tokens: int, budget: int, device: str = "cuda",
             t0 = time.perf_counter()
             trace = generate(target, prompt, cfg, OracleDrafter(ref, dims["vocab_size"], spec, dev))
             rec["ddtree_s"] = time.perf_counter() - t0
+            with tk.use_fused_norms():  # the same with the fused row-wise kernels on
+                fused_ids = generate(target, prompt, cfg, OracleDrafter(ref, dims["vocab_size"], spec, dev)).generated_ids
         tree_ids = trace.generated_ids
         rec["mean_acceptance"] = trace.mean_acceptance
         rec["through_sibling_rounds"] = sum(r.through_sibling for r in trace.rounds)
         rec["rounds"] = len(trace.rounds)
         for name, other in (("ddtree_triton_vs_ar_triton", ar_triton[:new_tokens]), ("ddtree_triton_vs_ar_torch", ar_torch[:new_tokens]),
-                            ("ar_triton_vs_ar_torch", ar_torch[:new_tokens])):
-            a = tree_ids if name.startswith("ddtree") else ar_triton[:new_tokens]
+                            ("ar_triton_vs_ar_torch", ar_torch[:new_tokens]), ("ddtree_fused_norms_vs_ar_torch", ar_torch[:new_tokens])):
+            a = fused_ids if "fused" in name else tree_ids if name.startswith("ddtree") else ar_triton[:new_tokens]
             same = a == other
             entry: dict = {"identical": same}
             if not same:
@@ -440,9 +502,9 @@ def lossless(n_prompts: int, new_tokens: int, budget: int, device: str = "cuda",
             rec[name] = entry
         out["prompts"].append(rec)
         log(f"    prompt {i}: " + ", ".join(f"{k}={'same' if rec[k]['identical'] else 'diverged@' + str(rec[k]['first_divergence'])}"
-                                           for k in ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch"))
+                                           for k in LOSSLESS_KEYS)
             + f", acceptance {rec['mean_acceptance']:.2f}, sibling rounds {rec['through_sibling_rounds']}/{rec['rounds']}")
-    for key in ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch"):
+    for key in LOSSLESS_KEYS:
         recs = [p[key] for p in out["prompts"]]
         out[key] = {"identical": sum(r["identical"] for r in recs), "of": len(recs),
                     "diverged_all_near_ties": all(r.get("near_tie", True) for r in recs)}
@@ -570,7 +632,7 @@ def main(argv=None) -> dict:
     p.add_argument("--lossless-prompts", type=int, default=6)
     p.add_argument("--lossless-tokens", type=int, default=64)
     p.add_argument("--lossless-budget", type=int, default=32)
-    p.add_argument("--only", default="gdn,conv,attention,lossless")
+    p.add_argument("--only", default="gdn,conv,attention,norms,lossless")
     p.add_argument("--merge", nargs="+", default=None, help="combine result files instead of measuring")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -617,6 +679,7 @@ def main(argv=None) -> dict:
             log(f"fla not available ({type(exc).__name__}: {exc}): skipping the fla baselines")
     sweep = not args.no_sweep
     sections = {"gdn": lambda t: bench_gdn(t, args.rep_ms, fla, sweep), "conv": lambda t: bench_conv(t, args.rep_ms),
+                "norms": lambda t: bench_norms(t, args.rep_ms),
                 "attention": lambda t: bench_attention(t, args.rep_ms, args.prefix, sweep)}
     for name in only:
         if name == "lossless":
@@ -628,12 +691,12 @@ def main(argv=None) -> dict:
                 result["lossless"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
                 log(traceback.format_exc())
             save()
-            for key in ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch"):
+            for key in LOSSLESS_KEYS:
                 if key in result["lossless"]:
                     log(f"lossless {key}: {result['lossless'][key]}")
             continue
         result[name] = {}
-        for t in sizes:
+        for t in (NORM_ROWS if name == "norms" else sizes):
             try:
                 result[name][str(t)] = sections[name](t)
             except Exception as exc:
