@@ -79,20 +79,36 @@ def test_gdn_gates_match_reference(dtype):
         assert rel < (1e-5 if r.dtype == torch.float32 else 2 * 2.0**-8), (name, rel)
 
 
-def test_dispatch_is_opt_in_and_never_takes_the_gradient_path(monkeypatch):
+def test_dispatch_is_on_where_triton_runs_off_by_switch_and_never_on_the_gradient_path(monkeypatch):
     x = torch.randn(3, 16)
     w = torch.randn(16, requires_grad=True)
     calls = []
     monkeypatch.setattr(impl, "rms_norm", lambda *a: calls.append(1) or naive.rms_norm(*a))
-    with tk.use_backend("triton"):
+    with tk.use_backend("torch"), torch.no_grad():
         tk.rms_norm(x, w, 1e-6, True)
-        assert not calls  # off by default
-        with tk.use_fused_norms():
-            y = tk.rms_norm(x, w, 1e-6, True)
-            assert not calls and y.requires_grad  # weights that need gradients: the reference
-            with torch.no_grad():
-                tk.rms_norm(x, w, 1e-6, True)
-            assert calls == [1]
+        assert not calls and not tk.fused_norms_for(x)  # CPU tensors under auto/torch: the reference
+    with tk.use_backend("triton"), tk.use_fused_norms():
+        y = tk.rms_norm(x, w, 1e-6, True)
+        assert not calls and y.requires_grad  # weights that need gradients: the reference
+        with torch.no_grad():
+            tk.rms_norm(x, w, 1e-6, True)
+        assert calls == [1] and tk.fused_norms_for(x)
+        with tk.use_fused_norms(False), torch.no_grad():  # the switch (WORKBENCH_FUSED_NORMS=0)
+            tk.rms_norm(x, w, 1e-6, True)
+        assert calls == [1] and tk.fused_norms_enabled()
+
+
+def test_fused_norms_are_the_default_unless_the_environment_says_no():
+    import subprocess
+    import sys
+
+    code = "import tree_kernels as tk; print(tk.fused_norms_enabled())"
+    for env_value, expected in ((None, "True"), ("0", "False"), ("off", "False"), ("1", "True")):
+        env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_FUSED_NORMS"}
+        if env_value is not None:
+            env["WORKBENCH_FUSED_NORMS"] = env_value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out.strip() == expected, (env_value, out)
 
 
 @pytest.mark.parametrize("kind", ["hybrid", "dense"])

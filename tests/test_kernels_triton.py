@@ -170,6 +170,21 @@ def test_gdn_block_size_and_solve_variant_do_not_change_the_result(bs, pre):
     assert maxdiff(o, o16) < 1e-5 and maxdiff(st.G, st16.G) < 1e-6
 
 
+def test_gdn_default_config_takes_the_prepare_launch_only_for_several_blocks():
+    from tree_kernels.tree_gdn import triton as tg
+
+    dev = torch.device("cpu")
+    assert not tg.default_config(16, 48, 128, dev).get("PRE_INVERSE", False)  # one diagonal block
+    big = tg.default_config(17, 48, 128, dev)
+    assert big["PRE_INVERSE"] and big["BS"] == 16 and big["BV"] == 32
+    assert tg.default_config(64, 3, 12, dev)["BV"] == 16  # never wider than dv needs
+    # the default on a tree of several blocks equals the single-launch kernel and the reference
+    tree = random_tree(40, 6, seed=9)
+    o_default, st_default = check_gdn(tree, (1, 3, 8, 12), seed=2, config=None)
+    o_single, _ = check_gdn(tree, (1, 3, 8, 12), seed=2, config={"PRE_INVERSE": False})
+    assert maxdiff(o_default, o_single) < 1e-5
+
+
 def test_gdn_model_dtypes():
     """v and beta in bf16 (as the model passes them): the kernel upcasts like the reference."""
     tree = random_tree(40, 6, seed=2)

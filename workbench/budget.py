@@ -68,12 +68,12 @@ def measured_best_budget(target, drafter=None, results_dir: Path = RESULTS) -> t
         pair = result["pairs"][name]
         if not _models_unchanged(_recorded_hashes(result, pair), models):
             continue
-        from tree_kernels import fused_norms_enabled
+        from tree_kernels import fused_norms_for
 
         # the rows of the model variant this process runs (fused row-wise kernels on or off)
-        variant = "fused_norms" if fused_norms_enabled() else "default"
+        variant = "fused_norms" if fused_norms_for(next(target.parameters())) else "reference_norms"
         rows = [r for r in pair["rows"] if r["method"] == "ddtree" and r["recurrent"] == "fork" and r["temperature"] == 0
-                and r.get("variant", "default") == variant]
+                and r.get("variant", "reference_norms") == variant]
         if rows:
             top = max(rows, key=lambda r: r["tokens_per_second"])
             best = (int(top["budget"]), {"source": str(path), "table": {r["budget"]: r["tokens_per_second"] for r in rows}})

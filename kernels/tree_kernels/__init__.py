@@ -37,6 +37,7 @@ __all__ = [
     "rotary",
     "silu_mul",
     "fused_norms_enabled",
+    "fused_norms_for",
     "set_fused_norms",
     "use_fused_norms",
 ]
@@ -101,6 +102,11 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
 
         return impl.tree_attention(q, k, v, anc, prefix_len, scale, positions, window, bitmask=bitmask, **tuning)
     return attention_naive.tree_attention(q, k, v, anc, prefix_len, scale, positions, window)
+
+
+def fused_norms_for(x: torch.Tensor) -> bool:
+    """Whether the row-wise work on tensors like ``x`` takes the fused kernels (switch on, Triton runs there)."""
+    return fused_norms_enabled() and use_triton(x)
 
 
 def _fused(x: torch.Tensor, *others) -> bool:

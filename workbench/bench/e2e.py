@@ -113,6 +113,14 @@ def _hf_generate_tokens_per_second(directory, prompts_ids, max_new, temperature,
     return {"tokens_per_second": tokens / seconds, "tokens": tokens, "seconds": seconds}
 
 
+def norm_variants(device) -> tuple[str, str]:
+    """(the variant this process runs on ``device``, the other one): the fused row-wise kernels on or off."""
+    import tree_kernels as tk
+
+    on = tk.fused_norms_for(torch.empty(0, device=device))
+    return ("fused_norms", "reference_norms") if on else ("reference_norms", "fused_norms")
+
+
 def bench_pair(name, drafter_name, prompts, args, device) -> dict:
     import tree_kernels as tk
 
@@ -131,11 +139,12 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
     ar_outputs = {}
     for temperature in args.temperatures:
         budgets = args.budgets if temperature == 0 or args.t1_budgets is None else args.t1_budgets
-        configs = [("ar", 1, "fork", "default"), ("dflash", 1, "fork", "default")]
-        configs += [("ddtree", b, m, "default") for b in budgets for m in ("fork", "unsafe")]
-        if args.fused_norms and temperature == 0:  # the same engine with the fused row-wise kernels
-            configs += [("ar", 1, "fork", "fused_norms"), ("dflash", 1, "fork", "fused_norms")]
-            configs += [("ddtree", b, "fork", "fused_norms") for b in budgets]
+        main, other = norm_variants(device)
+        configs = [("ar", 1, "fork", main), ("dflash", 1, "fork", main)]
+        configs += [("ddtree", b, m, main) for b in budgets for m in ("fork", "unsafe")]
+        if args.both_norms and temperature == 0:  # the same engine with the fused-norm switch the other way
+            configs += [("ar", 1, "fork", other), ("dflash", 1, "fork", other)]
+            configs += [("ddtree", b, "fork", other) for b in budgets]
         for method, budget, mode, variant in configs:
             cfg = GenerationConfig(method=method, budget=budget, recurrent=mode, max_new_tokens=args.max_new_tokens,
                                    temperature=temperature, seed=0, trace_topk=0, draft_trace_k=0, stop_on_eos=False)
@@ -152,7 +161,7 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
                     taus += trace.acceptance_lengths
                     outputs.append(trace.generated_ids)
             key = (temperature,)
-            if method == "ar" and variant == "default":
+            if method == "ar" and variant == main:
                 ar_outputs[key] = outputs
             else:
                 for got, ref in zip(outputs, ar_outputs[key]):
@@ -162,7 +171,7 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
                 "temperature": temperature, "prompts": len(ids), "tokens": tokens,
                 "tokens_per_second": tokens / seconds, "mean_acceptance": statistics.fmean(taus),
                 "host_fraction": host / seconds, "rounds": len(taus),
-                "identical_to_ar": identical if (method, variant) != ("ar", "default") else len(ids),
+                "identical_to_ar": identical if (method, variant) != ("ar", main) else len(ids),
             }
             rows.append(row)
             log(f"{name} T={temperature} {method:6s} b={budget:4d} {mode:6s} {variant}: {row['tokens_per_second']:8.1f} tok/s "
@@ -330,10 +339,12 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         from ..fastpath import compiled_layers
 
         out["compiled"] = variant("compiled layers", compiled_layers(target))
-    if args.fused_norms:  # the fused row-wise kernels (tree_kernels.norms; counts: data/results/launches-cpu-*.json)
+    out["norms"] = norm_variants(device)[0]  # what the numbers above ran with
+    if args.both_norms:  # the fused-norm switch the other way (counts: data/results/launches-cpu-*.json)
         import tree_kernels as tk
 
-        out["fused_norms"] = variant("fused norms", tk.use_fused_norms())
+        other = norm_variants(device)[1]
+        out[other] = variant(other.replace("_", " "), tk.use_fused_norms(other == "fused_norms"))
     # projection from measured acceptance (part 1, hybrid pair, T=0, fork)
     projection = {}
     for budget in args.budgets_27b:
@@ -369,7 +380,8 @@ def main(argv=None) -> dict:
     p.add_argument("--skip-pairs", action="store_true")
     p.add_argument("--skip-27b", action="store_true")
     p.add_argument("--compile", action="store_true", help="also time the 27B steps with torch.compile'd layers")
-    p.add_argument("--fused-norms", action="store_true", help="also time the 27B steps with the fused row-wise kernels")
+    p.add_argument("--both-norms", action="store_true",
+                   help="also time the other setting of the fused-norm switch (pairs at T=0; 27B AR step and 65-token verify)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     args.budgets = [int(b) for b in args.budgets.split(",")]
@@ -423,9 +435,11 @@ def print_table(result: dict) -> None:
             c = big["compiled"]
             print(f"  compiled layers: AR step {c['ar_step_ms']:.2f} ms = {c['ar_step_over_floor']:.2f}x floor; "
                   f"65-token verify {c['verify_65_fork_ms']:.2f} ms = {c['verify_65_over_ar']:.2f}x AR step")
-        if "ar_step_ms" in big.get("fused_norms", {}):
-            f = big["fused_norms"]
-            print(f"  fused norms: AR step {f['ar_step_ms']:.2f} ms = {f['ar_step_over_floor']:.2f}x floor; "
+        for other in ("fused_norms", "reference_norms"):
+            if "ar_step_ms" not in big.get(other, {}):
+                continue
+            f = big[other]
+            print(f"  {other.replace('_', ' ')}: AR step {f['ar_step_ms']:.2f} ms = {f['ar_step_over_floor']:.2f}x floor; "
                   f"65-token verify {f['verify_65_fork_ms']:.2f} ms = {f['verify_65_over_ar']:.2f}x AR step")
         for budget, pr in big["projection"]["by_budget"].items():
             print(f"  projection budget {budget}: tau {pr['tau']:.2f}, {pr['tokens_per_second']:.1f} tok/s = {pr['speedup_over_ar']:.2f}x AR")

@@ -15,9 +15,9 @@ is inverted by forward substitution in registers, u_b = inv (rhs), and u_b is st
 tree size works (the solve is blocked); T <= BS is a single block with no read-back.
 Every program of a head recomputes G and the (I + L) blocks (they only depend on k, g, beta):
 cheap next to the K S0 / Q S0 products, which are split across the value-column blocks.
-Variant ``PRE_INVERSE`` (a second launch before the solve, not yet the default: it waits for its
-H200 measurement): G and the inverses of the diagonal blocks are computed by nb x HV one-warp
-programs in parallel and read back, so the serial chain is dots and loads only.
+Variant ``PRE_INVERSE`` (a second launch before the solve; the default for trees of more than one
+block since its H200 measurement): G and the inverses of the diagonal blocks are computed by
+nb x HV one-warp programs in parallel and read back, so the serial chain is dots and loads only.
 
 Where the selection happens before the exponential (never exp(..) * mask, inf * 0 = NaN),
 padded rows and columns load zeros and are masked out of every store.
@@ -213,6 +213,11 @@ def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
     BS = 64 needs more than the 227 KiB of shared memory an H200 block may use (measured:
     263-271 KiB with BK = 128, BV = 64), so trees are solved in blocks of 16 by default.
     """
+    if t > 16:
+        # several diagonal blocks: the parallel prepare launch takes their inverses off the serial
+        # chain; measured on the H200 at 27B dims, T = 64: 72.8 us with BV = 32 against 105 us for
+        # the single-launch kernel (BV = 64; 102 us with BV = 32). A single block gains nothing.
+        return {"BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True, "prep_warps": 1}
     bv = min(64, max(16, next_pow2(dv)))
     return {"BS": 16, "BV": bv, "num_warps": 4}
 
