@@ -229,6 +229,50 @@ def _init_random_(module, std=0.02):
             p.normal_(0.0, std)
 
 
+def kernel_category(name: str) -> str:
+    n = name.lower()
+    if any(t in n for t in ("gemm", "gemv", "cutlass", "sm90_xmma", "cublas", "nvjet", "splitk")):
+        return "gemm"
+    if n.startswith("_") or "triton" in n:  # our Triton kernels keep their python names (_tree_attn_kernel, ...)
+        return "triton"
+    if "memcpy" in n or "memset" in n or "copy" in n:
+        return "copy"
+    return "other"
+
+
+def profile_step(step, graph_ms: float, repeats: int = 5) -> dict:
+    """Where an eager step's GPU time goes, by kernel category (torch.profiler, CUDA activities):
+    the sum of kernel durations per step against the captured step's replay time; what the
+    replay takes beyond the kernels is launch gaps and dependencies."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize()
+    by_cat: dict = {}
+    top: dict = {}
+    count = 0
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        cat = kernel_category(e.name)
+        by_cat[cat] = by_cat.get(cat, 0.0) + us / 1e3 / repeats
+        top[e.name] = top.get(e.name, 0.0) + us / 1e3 / repeats
+        count += 1
+    kernel_ms = sum(by_cat.values())
+    out = {"repeats": repeats, "kernels_per_step": count / repeats, "kernel_ms_by_category": by_cat,
+           "kernel_ms_total": kernel_ms, "graph_replay_ms": graph_ms, "replay_minus_kernels_ms": graph_ms - kernel_ms,
+           "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:15])}
+    log(f"  profile: {out['kernels_per_step']:.0f} kernels, {kernel_ms:.2f} ms of kernels per step ("
+        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1]))
+        + f"); graph replay {graph_ms:.2f} ms")
+    return out
+
+
 def bench_27b(args, device, taus_by_budget: dict) -> dict:
     from ..drafters.dflash import DFlashDraftModel, DFlashDrafter, dflash_config_dict, parse_dflash_config
     from ..fastpath import FastEngine
@@ -301,6 +345,12 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
     out["ar_step_ms"] = time_step(ar, "round", ar._round_step)
     out["ar_step_over_floor"] = out["ar_step_ms"] / floor_ms
     log(f"27B dims: AR step {out['ar_step_ms']:.2f} ms, floor {floor_ms:.2f} ms ({out['ar_step_over_floor']:.2f}x)")
+    if args.profile:
+        try:
+            out["ar_step_profile"] = profile_step(ar._round_step, out["ar_step_ms"])
+        except Exception as exc:  # a diagnostic: its failure must not cost the timings
+            out["ar_step_profile"] = {"error": repr(exc)[:1000]}
+            log(f"27B dims: profile failed: {exc!r}"[:400])
     del ar
     for budget in args.budgets_27b:
         for mode in ("fork", "unsafe"):
@@ -380,6 +430,7 @@ def main(argv=None) -> dict:
     p.add_argument("--skip-pairs", action="store_true")
     p.add_argument("--skip-27b", action="store_true")
     p.add_argument("--compile", action="store_true", help="also time the 27B steps with torch.compile'd layers")
+    p.add_argument("--profile", action="store_true", help="27B dims: kernel time by category in the AR step (torch.profiler)")
     p.add_argument("--both-norms", action="store_true",
                    help="also time the other setting of the fused-norm switch (pairs at T=0; 27B AR step and 65-token verify)")
     p.add_argument("--out", default=None)
