@@ -20,6 +20,13 @@ def test_measured_results_pick_the_fastest_budget(tmp_path):
     assert best == 32 and info["table"][64] == 150.0
     (tmp_path / "e2e-cpu-x.json").write_text(json.dumps({"device": "NVIDIA H200", "pairs": {"tiny-x": {"rows": rows}}}))
     assert measured_best_budget(target, results_dir=tmp_path) is None  # another device's numbers do not apply
+    other_dtype = {"device": "cpu", "settings": {"dtype": "bfloat16"}, "pairs": {"tiny-x": {"rows": rows}}}
+    (tmp_path / "e2e-cpu-x.json").write_text(json.dumps(other_dtype))
+    assert str(target.dtype) == "torch.float32"
+    assert measured_best_budget(target, results_dir=tmp_path) is None  # nor another dtype's
+    other_dtype["settings"]["dtype"] = "float32"
+    (tmp_path / "e2e-cpu-x.json").write_text(json.dumps(other_dtype))
+    assert measured_best_budget(target, results_dir=tmp_path)[0] == 32
 
 
 def test_a_measurement_of_other_model_files_is_stale(tmp_path):

@@ -68,6 +68,9 @@ def measured_best_budget(target, drafter=None, results_dir: Path = RESULTS) -> t
         pair = result["pairs"][name]
         if not _models_unchanged(_recorded_hashes(result, pair), models):
             continue
+        measured_dtype = result.get("settings", {}).get("dtype")
+        if measured_dtype is not None and measured_dtype != str(target.dtype).removeprefix("torch."):
+            continue  # a bf16 measurement says nothing about an fp32 run, and back
         from tree_kernels import fused_norms_for
 
         # the rows of the model variant this process runs (fused row-wise kernels on or off)

@@ -466,7 +466,8 @@ def main(argv=None) -> dict:
 
 def print_table(result: dict) -> None:
     for name, pair in result.get("pairs", {}).items():
-        ar = {r["temperature"]: r["tokens_per_second"] for r in pair["rows"] if r["method"] == "ar" and r.get("variant", "default") == "default"}
+        main_variant = pair["rows"][0].get("variant") if pair["rows"] else None  # the first AR row is the run's own setting
+        ar = {r["temperature"]: r["tokens_per_second"] for r in pair["rows"] if r["method"] == "ar" and r.get("variant") == main_variant}
         print(f"\n{name}: tokens/s (speed-up over our AR), mean acceptance")
         for r in pair["rows"]:
             b = r["budget"] if r["budget"] is not None else "-"

@@ -608,7 +608,7 @@ def merge(paths: list[str], out: Path | None) -> dict:
     for p in paths:
         part = json.loads(Path(p).read_text())
         for k, v in part.items():
-            if k in ("gdn", "attention", "conv"):
+            if k in ("gdn", "attention", "conv", "norms"):
                 if v:
                     result.setdefault(k, {}).update(v)
             elif k == "lossless":
