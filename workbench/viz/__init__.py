@@ -5,7 +5,7 @@ plotly until a figure is asked for; the engine never imports this package.
 
     figures   draft_heatmap, tree_figure, text_figure, acceptance_by_round, acceptance_histogram,
               tau_vs_budget, speed_vs_budget, phase_breakdown, kl_figure, state_divergence_heatmap,
-              corruption_tree, run_overview, generation_diff_figure
+              corruption_tree, run_overview, generation_diff_figure, e2e_speed_figure, verify_cost_figure
     export    save(fig, path), save_many([(fig, path), ...]), chromium_path()
     analysis  round_view, draft_matrix, committed_tokens, trace_row, compare_round, compare_run,
               run_summary, generation_diff, verdict, pick_round, token_label
@@ -22,7 +22,7 @@ _EXPORTS = {
     "figures": (
         "draft_heatmap", "tree_figure", "text_figure", "acceptance_by_round", "acceptance_histogram", "tau_vs_budget",
         "speed_vs_budget", "phase_breakdown", "kl_figure", "state_divergence_heatmap", "corruption_tree", "run_overview",
-        "generation_diff_figure", "config_label",
+        "generation_diff_figure", "config_label", "e2e_rows", "e2e_speed_figure", "verify_cost_figure",
     ),
     "export": ("save", "save_many", "chromium_path", "BrowserNotFound"),
     "analysis": (

@@ -489,3 +489,54 @@ def generation_diff_figure(diff: GenerationDiff, tokenizer=None, title: str | No
     fig.update_xaxes(title_text="generated token", row=1, col=1)
     fig.update_xaxes(title_text="round", row=2, col=1)
     return fig
+
+
+def e2e_rows(result: dict, pair: str, variant: str | None = None) -> list[dict]:
+    """One pair's rows of a ``bench.e2e`` result as benchmark rows (``tau`` = mean acceptance), the
+    run's own norm variant unless ``variant`` names another."""
+    if pair not in result.get("pairs", {}):
+        raise ValueError(f"pair {pair!r} not in the e2e result (has {sorted(result.get('pairs', {}))})")
+    rows = result["pairs"][pair]["rows"]
+    if not rows:
+        raise ValueError(f"pair {pair!r} has no rows")
+    variant = variant or rows[0].get("variant")
+    return [dict(r, tau=r["mean_acceptance"]) for r in rows if r.get("variant") == variant]
+
+
+def e2e_speed_figure(result: dict, pair: str, title: str | None = None) -> go.Figure:
+    """Measured tokens/s against the DDTree budget for one bundled pair (AR dashed, the DFlash
+    chain dotted, HF ``generate`` as a grey line where measured)."""
+    rows = e2e_rows(result, pair)
+    fig = speed_vs_budget(rows, title or f"{pair} on {result.get('device', '?')}: decode tokens/s vs budget")
+    budgets = sorted({int(r["budget"]) for r in rows if r["method"] == "ddtree"})
+    for t, hf in result["pairs"][pair].get("hf_generate", {}).items():
+        if "tokens_per_second" in hf and budgets:
+            fig.add_trace(go.Scatter(x=[budgets[0], budgets[-1]], y=[hf["tokens_per_second"]] * 2, mode="lines",
+                                     name=f"HF generate T={float(t):g}", line={"color": "#9e9e9e", "width": 1}))
+    return fig
+
+
+def verify_cost_figure(result: dict, title: str | None = None) -> go.Figure:
+    """Qwen3.6-27B dims: verify time against tree tokens (``fork`` and ``unsafe``), with the AR
+    step and the weight-read floor as reference lines."""
+    big = result.get("qwen36_27b_dims")
+    if not big or not big.get("verify_ms"):
+        raise ValueError("the e2e result has no qwen36_27b_dims verify timings")
+    fig = go.Figure()
+    by_mode: dict[str, list[tuple[int, float]]] = {}
+    for key, ms in big["verify_ms"].items():
+        budget, mode = key.split("/")
+        by_mode.setdefault(mode, []).append((int(budget) + 1, float(ms)))
+    tokens = sorted({t for pts in by_mode.values() for t, _ in pts})
+    for mode, pts in sorted(by_mode.items()):
+        pts.sort()
+        fig.add_trace(go.Scatter(x=[t for t, _ in pts], y=[m for _, m in pts], mode="lines+markers", name=f"verify ({mode})"))
+    span = [tokens[0], tokens[-1]]
+    fig.add_trace(go.Scatter(x=span, y=[big["ar_step_ms"]] * 2, mode="lines", name="AR step",
+                             line={"dash": "dash", "color": "black", "width": 2}))
+    fig.add_trace(go.Scatter(x=span, y=[big["weight_read_floor_ms"]] * 2, mode="lines", name="weight-read floor",
+                             line={"dash": "dot", "color": "#7f7f7f", "width": 2}))
+    fig.update_layout(template=TEMPLATE, title=title or f"Qwen3.6-27B dims on {result.get('device', '?')}: one verify pass",
+                      xaxis={"title": "tree tokens verified (budget + 1)", "type": "log", "tickvals": tokens},
+                      yaxis={"title": "ms per pass", "rangemode": "tozero"}, height=420, width=760)
+    return fig
