@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements, as run on the device machine (torch, triton, transformers preinstalled; no
-# network). Usage, from the repository root:   bash env/device-bench.sh kernels|e2e|all  [OUT dir]
-# Each part fits in one 10-minute device command; results are JSON under OUT (default $OUT or out/device).
+# network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all  [OUT dir]
+# kernels ~3 min, pairs ~4 min, 27b ~2 min on an H200 (2026-12-02); results are JSON under OUT
+# (default $OUT or out/device). Then here: python -m workbench.bench.project / .figures.
 set -euo pipefail
 part="${1:-all}"
 out="${2:-${OUT:-out/device}}"
@@ -13,10 +14,17 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="/tmp/site:$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"
 if [[ "$part" == kernels || "$part" == all ]]; then
-  # tree GDN default vs PRE_INVERSE (+ sweep), attention, conv, GPU losslessness
+  # tree GDN (default vs single launch, + sweep), attention, conv, fused norms, GPU losslessness
   python3 -m workbench.bench.kernels --out "$out/kernels.json" 2>&1 | tee "$out/kernels.log"
 fi
-if [[ "$part" == e2e || "$part" == all ]]; then
-  # both zoo pairs, T=0 and T=1, DDTree 8-256 fork/unsafe, HF generate; 27B dims with --compile and --fused-norms
-  python3 -m workbench.bench.e2e --n 8 --compile --fused-norms --out "$out/e2e.json" 2>&1 | tee "$out/e2e.log"
+if [[ "$part" == pairs || "$part" == all ]]; then
+  # both zoo pairs, T=0 and T=1, DDTree 8-256 fork/unsafe, HF generate (bf16), then fp32 at T=0
+  python3 -m workbench.bench.e2e --n 8 --skip-27b --phase-prompts 1 --out "$out/e2e-pairs.json" 2>&1 | tee "$out/e2e-pairs.log"
+  python3 -m workbench.bench.e2e --n 8 --skip-27b --skip-hf --dtype float32 --temperatures 0 --budgets 8,16,32,64 \
+    --phase-prompts 1 --out "$out/e2e-pairs-fp32.json" 2>&1 | tee "$out/e2e-pairs-fp32.log"
+fi
+if [[ "$part" == 27b || "$part" == all ]]; then
+  # Qwen3.6-27B dims: AR step (+ kernel profile), verify 17-257 tokens fork/unsafe, draft; the other
+  # fused-norm setting beside it (add --compile for torch.compile'd layers: not yet run on the device)
+  python3 -m workbench.bench.e2e --skip-pairs --profile --both-norms --out "$out/e2e-27b.json" 2>&1 | tee "$out/e2e-27b.log"
 fi
