@@ -329,6 +329,29 @@ def test_tree_attention_matches_reference(n, depth, shape, prefix, hq, hkv, d, w
         assert int(counters.abs().sum()) == 0  # tickets reset for the next launch
 
 
+def test_tree_attention_one_node_split_writes_and_merges_only_real_rows():
+    """The AR step's shape (one node, a GQA group of 3 in a 16-row block, split over the keys):
+    correct, and the split partials of the 13 padding rows are neither written nor read."""
+    from workbench.tree import Tree
+
+    c = compile_tree(Tree.from_parents([5], [-1]), 100)
+    q, k, v = attn_inputs(1, 100, 6, 2, 64, seed=3)
+    ref = attn_naive.tree_attention(q, k, v, c.anc, 100, None, c.positions, None)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16}
+    attn_tr.tree_attention(q, k, v, c.anc, 100, None, c.positions, None, num_splits=4, config=cfg)
+    part_o = _triton_common._SCRATCH[("attn_part_o", "cpu", torch.float32, None)]
+    part_l = _triton_common._SCRATCH[("attn_part_l", "cpu", torch.float32, None)]
+    part_o.fill_(7.0)
+    part_l.fill_(float("nan"))  # a padding row read by the merge would poison nothing but must not be read
+    o = attn_tr.tree_attention(q, k, v, c.anc, 100, None, c.positions, None, num_splits=4, config=cfg)
+    assert maxdiff(o, ref) < 1e-5
+    splits = 4
+    po = part_o[: splits * 2 * 16 * 64].view(splits, 2, 16, 64)
+    pl = part_l[: splits * 2 * 16].view(splits, 2, 16)
+    assert bool((po[:, :, 3:] == 7.0).all()) and bool(pl[:, :, 3:].isnan().all())  # padding untouched
+    assert not bool((po[:, :, :3] == 7.0).any()) and bool(pl[:, :, :3].isfinite().all())  # real rows written
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tree_attention_half_types_and_mask_is_used(dtype):
     tree = random_tree(24, 4, seed=1)

@@ -112,8 +112,10 @@ def _tree_attn_kernel(
         o_part = acc / tl.where(has, l_i, 1.0)[:, None]
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         prow = (split * tl.num_programs(1) + kvh) * mpad + rows
-        tl.store(PartO + prow[:, None] * BD + offd[None, :], o_part)
-        tl.store(PartL + prow, lse)
+        # only the block's real rows: with one node (the AR step) 6 of 128 rows are real, and
+        # the padding would be 21x the partials' traffic, written here and read by the merge
+        tl.store(PartO + prow[:, None] * BD + offd[None, :], o_part, mask=rmask[:, None])
+        tl.store(PartL + prow, lse, mask=rmask)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         cidx = kvh * n_mblocks + pid_m
         ticket = tl.atomic_add(Counter + cidx, 1, sem="acq_rel")
@@ -121,14 +123,15 @@ def _tree_attn_kernel(
             mx = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             for sp in range(0, n_splits):
                 r2 = (sp * tl.num_programs(1) + kvh) * mpad + rows
-                mx = tl.maximum(mx, tl.load(PartL + r2, cache_modifier=".cg"))
+                mx = tl.maximum(mx, tl.load(PartL + r2, mask=rmask, other=float("-inf"), cache_modifier=".cg"))
             mx_use = tl.where(mx == float("-inf"), 0.0, mx)
             num = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
             den = tl.zeros([BLOCK_M], dtype=tl.float32)
             for sp in range(0, n_splits):
                 r2 = (sp * tl.num_programs(1) + kvh) * mpad + rows
-                wgt = tl.exp2(tl.load(PartL + r2, cache_modifier=".cg") - mx_use)
-                num += wgt[:, None] * tl.load(PartO + r2[:, None] * BD + offd[None, :], cache_modifier=".cg")
+                wgt = tl.exp2(tl.load(PartL + r2, mask=rmask, other=float("-inf"), cache_modifier=".cg") - mx_use)
+                num += wgt[:, None] * tl.load(PartO + r2[:, None] * BD + offd[None, :], mask=rmask[:, None], other=0.0,
+                                              cache_modifier=".cg")
                 den += wgt
             out = num / tl.where(den > 0.0, den, 1.0)[:, None]
             tl.store(O + node[:, None] * so_t + head[:, None] * so_h + offd[None, :], out.to(O.dtype.element_ty),
