@@ -27,6 +27,11 @@ def test_measured_results_pick_the_fastest_budget(tmp_path):
     other_dtype["settings"]["dtype"] = "float32"
     (tmp_path / "e2e-cpu-x.json").write_text(json.dumps(other_dtype))
     assert measured_best_budget(target, results_dir=tmp_path)[0] == 32
+    # rows of the other fused-norm setting are not this run's (the CPU runs the torch chains)
+    other_dtype["pairs"]["tiny-x"]["rows"] = rows + [dict(rows[0], budget=16, tokens_per_second=500.0, variant="fused_norms")]
+    (tmp_path / "e2e-cpu-x.json").write_text(json.dumps(other_dtype))
+    best, info = measured_best_budget(target, results_dir=tmp_path)
+    assert best == 32 and 16 not in info["table"]
 
 
 def test_a_measurement_of_other_model_files_is_stale(tmp_path):

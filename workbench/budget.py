@@ -58,6 +58,7 @@ def measured_best_budget(target, drafter=None, results_dir: Path = RESULTS) -> t
     device = _device_name(target.device)
     models = [target] + ([getattr(drafter, "model", drafter)] if drafter is not None else [])
     best = None
+    variant = norms_variant(next(target.parameters()))  # the rows of the model variant this process runs
     for path in sorted(results_dir.glob("e2e-*.json")):
         try:
             result = json.loads(path.read_text())
@@ -71,16 +72,21 @@ def measured_best_budget(target, drafter=None, results_dir: Path = RESULTS) -> t
         measured_dtype = result.get("settings", {}).get("dtype")
         if measured_dtype is not None and measured_dtype != str(target.dtype).removeprefix("torch."):
             continue  # a bf16 measurement says nothing about an fp32 run, and back
-        from tree_kernels import fused_norms_for
-
-        # the rows of the model variant this process runs (fused row-wise kernels on or off)
-        variant = "fused_norms" if fused_norms_for(next(target.parameters())) else "reference_norms"
         rows = [r for r in pair["rows"] if r["method"] == "ddtree" and r["recurrent"] == "fork" and r["temperature"] == 0
                 and r.get("variant", "reference_norms") == variant]
         if rows:
             top = max(rows, key=lambda r: r["tokens_per_second"])
             best = (int(top["budget"]), {"source": str(path), "table": {r["budget"]: r["tokens_per_second"] for r in rows}})
     return best
+
+
+def norms_variant(x: torch.Tensor) -> str:
+    """The label e2e results give the rows of a run on tensors like ``x``: the fused row-wise
+    kernels on (``fused_norms``) or the torch chains (``reference_norms``; rows of older results
+    without a label ran those)."""
+    from tree_kernels import fused_norms_for
+
+    return "fused_norms" if fused_norms_for(x) else "reference_norms"
 
 
 def calibrate_budget(target, drafter, prompt_ids, config, candidates=CANDIDATES, tokens: int = 48) -> tuple[int, dict]:

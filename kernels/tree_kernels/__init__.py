@@ -111,7 +111,7 @@ def fused_norms_for(x: torch.Tensor) -> bool:
 
 def _fused(x: torch.Tensor, *others) -> bool:
     """The fused kernels have no backward: anything that needs gradients takes the reference."""
-    if not fused_norms_enabled():  # the default: one flag read per call on the reference path
+    if not fused_norms_enabled():  # switched off: one flag read, nothing else per call
         return False
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others))
     return not needs_grad and use_triton(x) and _floats(x, *others)

@@ -115,10 +115,10 @@ def _hf_generate_tokens_per_second(directory, prompts_ids, max_new, temperature,
 
 def norm_variants(device) -> tuple[str, str]:
     """(the variant this process runs on ``device``, the other one): the fused row-wise kernels on or off."""
-    import tree_kernels as tk
+    from ..budget import norms_variant
 
-    on = tk.fused_norms_for(torch.empty(0, device=device))
-    return ("fused_norms", "reference_norms") if on else ("reference_norms", "fused_norms")
+    main = norms_variant(torch.empty(0, device=device))
+    return main, ("reference_norms" if main == "fused_norms" else "fused_norms")
 
 
 def bench_pair(name, drafter_name, prompts, args, device) -> dict:
@@ -152,8 +152,8 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
                 engine = FastEngine(target, drafter, cfg, max_len=max_len)
                 engine.generate(ids[0])  # warm-up: captures the graphs
                 tokens = seconds = host = 0.0
-                taus, identical, near_ties, outputs = [], 0, 0, []
-                for i, x in enumerate(ids):
+                taus, identical, outputs = [], 0, []
+                for x in ids:
                     trace = engine.generate(x)
                     tokens += len(trace.generated_ids)
                     seconds += trace.decode_seconds
@@ -471,7 +471,7 @@ def print_table(result: dict) -> None:
         print(f"\n{name}: tokens/s (speed-up over our AR), mean acceptance")
         for r in pair["rows"]:
             b = r["budget"] if r["budget"] is not None else "-"
-            print(f"  T={r['temperature']:.0f} {r['method']:6s} {str(b):>4s} {r['recurrent']:6s} {r.get('variant', 'default'):11s} {r['tokens_per_second']:9.1f} "
+            print(f"  T={r['temperature']:.0f} {r['method']:6s} {str(b):>4s} {r['recurrent']:6s} {r.get('variant', 'reference_norms'):15s} {r['tokens_per_second']:9.1f} "
                   f"({r['tokens_per_second'] / ar[r['temperature']]:.2f}x)  tau {r['mean_acceptance']:.2f}  host {100 * r['host_fraction']:.1f}%  "
                   f"identical {r['identical_to_ar']}/{r['prompts']}")
         for t, hf in pair["hf_generate"].items():
