@@ -14,6 +14,7 @@ import torch
 from .backend import (fused_norms_enabled, get_backend, set_backend, set_fused_norms, triton_available, use_backend,
                       use_fused_norms, use_triton)
 from .tree_attention import naive as attention_naive
+from .tree_build import naive as build_naive
 from .tree_conv import naive as conv_naive
 from .tree_gdn import naive as gdn_naive
 from .norms import naive as norms_naive
@@ -27,6 +28,7 @@ __all__ = [
     "use_triton",
     "triton_available",
     "tree_attention",
+    "tree_build",
     "tree_conv1d",
     "tree_conv_commit",
     "tree_gdn_fork",
@@ -102,6 +104,18 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
 
         return impl.tree_attention(q, k, v, anc, prefix_len, scale, positions, window, bitmask=bitmask, **tuning)
     return attention_naive.tree_attention(q, k, v, anc, prefix_len, scale, positions, window)
+
+
+def tree_build(draft_tokens, draft_logprobs, budget, root_token):
+    """The DDTree of ``budget`` nodes from the per-depth top-k, best-first. See tree_build/naive.py.
+
+    Returns (tokens, parents, depths, scores, ranks, valid), ``budget + 1`` slots each.
+    """
+    if use_triton(draft_logprobs) and _floats(draft_logprobs):
+        from .tree_build import triton as impl
+
+        return impl.tree_build(draft_tokens, draft_logprobs, budget, root_token)
+    return build_naive.tree_build(draft_tokens, draft_logprobs, budget, root_token)
 
 
 def fused_norms_for(x: torch.Tensor) -> bool:
