@@ -376,6 +376,25 @@ def test_tree_attention_production_head_dim_bf16_defaults():
     assert o.dtype == torch.bfloat16 and maxdiff(o.float(), ref) < 2e-2
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_tree_attention_decode_default_takes_small_row_blocks(nodes):
+    """The AR step (one node) and two-node trees at D = 256, bf16: 16-row blocks, split over the keys
+    through the device prefix over a longer buffer (as the fast path calls it), matching the reference."""
+    from tree_kernels.static import tree_attention_static
+
+    cfg = attn_tr.default_config(nodes, 6, 2, 256, torch.bfloat16)
+    assert cfg["BLOCK_M"] == 16 and attn_tr.default_config(6, 6, 2, 256, torch.bfloat16)["BLOCK_M"] == 128  # 18 rows
+    q, k, v = attn_inputs(nodes, 150, 6, 2, 256, seed=7, dtype=torch.bfloat16)
+    kbuf = torch.cat([k, torch.full((9, 2, 256), float("nan"), dtype=k.dtype)])  # rows past P + T: never read
+    vbuf = torch.cat([v, torch.full((9, 2, 256), float("nan"), dtype=v.dtype)])
+    anc = torch.tril(torch.ones(nodes, nodes, dtype=torch.bool))
+    pos = torch.arange(150, 150 + nodes)
+    with tk.use_backend("triton"):
+        o = tree_attention_static(q, kbuf, vbuf, anc, torch.tensor(150), None, pos, None)
+    ref = attn_naive.tree_attention(q.float(), k.float(), v.float(), anc, 150, None, pos, None)
+    assert o.dtype == torch.bfloat16 and maxdiff(o.float(), ref) < 2e-2
+
+
 # ------------------------------------------------------------------------------------- dispatch
 
 

@@ -45,6 +45,8 @@ ATTN = dict(hq=24, hkv=4, d=256)
 CONV = dict(c=10240, w=4)
 LOSSLESS_KEYS = ("ddtree_triton_vs_ar_triton", "ddtree_triton_vs_ar_torch", "ar_triton_vs_ar_torch", "ddtree_reference_norms_vs_ar_torch")
 NORM_ROWS = (1, 65)  # the AR step and a 64-node verify
+DECODE_ROWS = (1, 2)  # the AR step's one query, a two-node tree
+BUILD_BUDGETS = (16, 64, 256)
 TARGETS_MS = {"gdn": 0.05, "attention": 0.08, "conv": 0.02}
 ISSUE_BASELINES_MS = {"fla_chunk_64": 0.53, "fla_fused_recurrent_64": 0.12, "slot_copy_floor_64": 0.10,
                       "sdpa_bool_mask_64": 0.44, "sdpa_decode_1": 0.06}
@@ -355,6 +357,136 @@ def bench_attention(t: int, rep: int, prefix: int, sweep: bool = True) -> dict:
     return row
 
 
+def bench_decode_attention(t: int, rep: int, prefix: int, sweep: bool = True) -> dict:
+    """The AR step's attention (t = 1; t = 2 a two-node tree) as the fast path calls it: the device
+    prefix length over the whole cache buffer. The default config beside smaller row blocks (a
+    block holds t x group (node, head) rows: 6 of them at t = 1) and SDPA's one-query decode."""
+    from tree_kernels.static import tree_attention_static
+    from tree_kernels.tree_attention import naive
+    from tree_kernels.tree_attention import triton as ta
+
+    dev = torch.device("cuda")
+    hq, hkv, d = ATTN["hq"], ATTN["hkv"], ATTN["d"]
+    cap = prefix + 512  # the fast path's buffer: rows past P + t are never read
+    g = torch.Generator(device=dev).manual_seed(3)
+    q = torch.randn(t, hq, d, device=dev, generator=g).bfloat16()
+    kbuf = torch.randn(cap, hkv, d, device=dev, generator=g).bfloat16()
+    vbuf = torch.randn(cap, hkv, d, device=dev, generator=g).bfloat16()
+    anc = torch.tril(torch.ones(t, t, dtype=torch.bool, device=dev))  # a chain
+    pos = torch.arange(prefix, prefix + t, device=dev)
+    prefix_t = torch.tensor(prefix, device=dev)
+    scale = d**-0.5
+    ref = naive.tree_attention(q.float(), kbuf[: prefix + t].float(), vbuf[: prefix + t].float(), anc, prefix, scale, pos, None)
+    row: dict = {"nodes": t, "prefix": prefix, "buffer_rows": cap, "kv_bytes": 2 * (prefix + t) * hkv * d * 2}
+    log(f"  decode attention T={t}")
+    row["default_config"] = ta.default_config(t, hq, hkv, d, q.dtype)
+    row["err_vs_fp32_ref"] = err(tree_attention_static(q, kbuf, vbuf, anc, prefix_t, scale, pos, None).float(), ref)
+    timed("triton_ms", row, lambda: tree_attention_static(q, kbuf, vbuf, anc, prefix_t, scale, pos, None), rep, graph=True)
+    if sweep:
+        row["sweep"] = []
+        for bm, bn, nw, waves in ((128, 64, 8, 1.0), (64, 64, 4, 1.0), (16, 64, 4, 1.0), (16, 64, 4, 2.0), (16, 128, 4, 2.0),
+                                  (16, 64, 2, 2.0), (16, 32, 4, 4.0)):
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": 2, "waves": waves}
+            rec = dict(cfg)
+            try:
+                fn = lambda: ta.tree_attention(q, kbuf, vbuf, anc, prefix_t, scale, pos, None, config=cfg)  # noqa: E731
+                rec["max_abs_vs_fp32_ref"] = (fn().float() - ref).abs().max().item()
+                if out_of_resources(("attention", d, str(q.dtype), str(dev)), cfg):
+                    raise RuntimeError("OutOfResources (the wrapper fell back to a smaller config)")
+                rec["cold_graph_ms"] = cold_graph_ms(fn, 20)
+            except Exception as exc:
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            row["sweep"].append(rec)
+            log(f"    sweep {rec}")
+    q4 = q.transpose(0, 1)[None]
+    kp, vp = kbuf[:prefix].transpose(0, 1)[None], vbuf[:prefix].transpose(0, 1)[None]
+    if t == 1:
+        timed("sdpa_decode_ms", row, lambda: F.scaled_dot_product_attention(q4, kp, vp, scale=scale, enable_gqa=True), rep, graph=True)
+    return row
+
+
+def bench_tree_build(budget: int, rep: int, depth: int = 15) -> dict:
+    """Building the DDTree of ``budget`` nodes from a 16-token block's top-``budget`` per depth:
+    the one-program Triton kernel against the torch beam builder (what the fast path ran before)."""
+    import tree_kernels as tk
+    from tree_kernels.tree_build import naive
+    from tree_kernels.tree_build import triton as tb
+
+    from ..tree import build_ddtree_static
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(budget)
+    lp = torch.log_softmax(torch.randn(depth, 4096, device=dev, generator=g) * 3, -1)
+    top = torch.topk(lp, budget, -1)
+    toks, lq = top.indices, top.values.float()
+    root = torch.tensor(5, device=dev)
+    row: dict = {"budget": budget, "depth": depth}
+    log(f"  tree build budget={budget}")
+    got = tb.tree_build(toks, lq, budget, root)
+    ref = naive.tree_build(toks, lq, budget, 5)
+    row["same_as_reference"] = all(bool(torch.equal(a.cpu(), b.cpu())) for a, b in zip(got, ref))
+    with tk.use_backend("torch"):
+        beam = build_ddtree_static(toks, lq, budget, root)
+        timed("torch_beam_ms", row, lambda: build_ddtree_static(toks, lq, budget, root), rep, graph=True)
+    row["same_as_torch_beam"] = bool(torch.equal(beam.tokens, got[0]) and torch.equal(beam.parents, got[1]))
+    timed("triton_ms", row, lambda: tb.tree_build(toks, lq, budget, root), rep, graph=True)
+    return row
+
+
+def bench_gemm(rep: int, bw_gbs: float) -> dict:
+    """The AR step's GEMMs at 27B dims (one token): cuBLAS time per weight against its read floor
+    (bytes / measured copy bandwidth), each projection group separate and packed into one GEMM."""
+    dev = torch.device("cuda")
+    hid, inter = 5120, 17408
+    h, hv, dk, dv = GDN["h"], GDN["hv"], GDN["dk"], GDN["dv"]
+    qh, kvh, hd = ATTN["hq"], ATTN["hkv"], ATTN["d"]
+    groups = {
+        "gdn_in": [2 * h * dk + hv * dv, hv * dv, hv, hv],  # qkv, z, b, a
+        "gdn_out": [hv * dv],
+        "attn_qkv": [2 * qh * hd, kvh * hd, kvh * hd],  # q with its output gate, k, v
+        "attn_out": [qh * hd],
+        "mlp_gate_up": [inter, inter],
+        "mlp_down": [inter],
+        "lm_head": [248320],
+    }
+    x = torch.randn(1, hid, device=dev, dtype=torch.bfloat16)
+    row: dict = {}
+    for name, outs in groups.items():
+        log(f"  gemm {name} {outs}")
+        k_in = hid if not name.endswith("_out") and name != "mlp_down" else outs[0]
+        n_out = outs if not (name.endswith("_out") or name == "mlp_down") else [hid]
+        ws = [torch.randn(n, k_in, device=dev, dtype=torch.bfloat16) * 0.02 for n in n_out]
+        xin = x if k_in == hid else torch.randn(1, k_in, device=dev, dtype=torch.bfloat16)
+        nbytes = sum(w.numel() * 2 for w in ws)
+        rec: dict = {"k": k_in, "n": n_out, "weight_bytes": nbytes, "floor_ms": nbytes / (bw_gbs * 1e9) * 1e3}
+        rec["separate_cold_graph_ms"] = cold_graph_ms(lambda: [F.linear(xin, w) for w in ws])
+        if len(ws) > 1:
+            packed = torch.cat(ws)
+            rec["packed_cold_graph_ms"] = cold_graph_ms(lambda: F.linear(xin, packed))
+            del packed
+        for key in ("separate", "packed"):
+            v = rec.get(key + "_cold_graph_ms")
+            if isinstance(v, (int, float)):
+                rec[key + "_over_floor"] = v / rec["floor_ms"]
+        row[name] = rec
+        log(f"    {rec}")
+        del ws
+    per_layer = {"gdn": ("gdn_in", "gdn_out", "mlp_gate_up", "mlp_down"), "attention": ("attn_qkv", "attn_out", "mlp_gate_up", "mlp_down")}
+    for variant in ("separate", "packed"):
+        total = floor = 0.0
+        for kind, n_layers in (("gdn", 48), ("attention", 16)):
+            for gname in per_layer[kind]:
+                v = row[gname].get(variant + "_cold_graph_ms") or row[gname].get("separate_cold_graph_ms")
+                total += n_layers * v
+                floor += n_layers * row[gname]["floor_ms"]
+        total += row["lm_head"]["separate_cold_graph_ms"]
+        floor += row["lm_head"]["floor_ms"]
+        row[f"step_{variant}_ms"] = total
+        row["step_floor_ms"] = floor
+        row[f"step_{variant}_over_floor"] = total / floor
+    return row
+
+
 def bench_conv(t: int, rep: int) -> dict:
     from tree_kernels.tree_conv import triton as tc
     from tree_kernels.tree_conv import naive
@@ -549,8 +681,11 @@ ROWS = {
                   ("sdpa bool mask (enable_gqa)", "sdpa_bool_mask_gqa_ms"), ("sdpa decode, 1 query", "sdpa_decode_1q_ms")],
     "conv": [("triton", "triton_ms"), ("triton commit", "triton_commit_ms"), ("torch (reference)", "torch_ms"),
              ("torch commit (reference)", "torch_commit_ms")],
+    "decode": [("triton (fast-path call)", "triton_ms"), ("sdpa decode, 1 query", "sdpa_decode_ms")],
+    "tree_build": [("triton (one program)", "triton_ms"), ("torch beam builder", "torch_beam_ms")],
 }
-ERRS = {"gdn": "err_o_vs_fp32_ref", "attention": "err_vs_fp32_ref", "conv": "err_vs_fp32_ref"}
+ERRS = {"gdn": "err_o_vs_fp32_ref", "attention": "err_vs_fp32_ref", "conv": "err_vs_fp32_ref", "decode": "err_vs_fp32_ref",
+        "tree_build": "-"}
 
 
 def table(result: dict) -> str:
@@ -597,6 +732,13 @@ def ratios(result: dict) -> dict:
     out["attention_sdpa_decode_over_triton"] = r(best_ms(a, "sdpa_decode_1q_ms"), ta_)
     out["conv_ms_over_target_0.02"] = r(tc_, TARGETS_MS["conv"])
     out["conv_torch_over_triton"] = r(best_ms(c, "torch_ms"), tc_)
+    dec = result.get("decode", {}).get("1", {})
+    out["decode_attention_sdpa_over_triton"] = r(best_ms(dec, "sdpa_decode_ms"), best_ms(dec, "triton_ms"))
+    for b, row in result.get("tree_build", {}).items():
+        out[f"tree_build_{b}_torch_beam_over_triton"] = r(best_ms(row, "torch_beam_ms"), best_ms(row, "triton_ms"))
+    gemm = result.get("gemm", {})
+    out["gemm_step_separate_over_floor"] = r(gemm.get("step_separate_ms"), gemm.get("step_floor_ms"))
+    out["gemm_step_packed_over_floor"] = r(gemm.get("step_packed_ms"), gemm.get("step_floor_ms"))
     return out
 
 
@@ -608,10 +750,10 @@ def merge(paths: list[str], out: Path | None) -> dict:
     for p in paths:
         part = json.loads(Path(p).read_text())
         for k, v in part.items():
-            if k in ("gdn", "attention", "conv", "norms"):
+            if k in ("gdn", "attention", "conv", "norms", "decode", "tree_build"):
                 if v:
                     result.setdefault(k, {}).update(v)
-            elif k == "lossless":
+            elif k in ("lossless", "gemm"):
                 result[k] = v
             elif k != "ratios":
                 result.setdefault(k, v)
@@ -636,7 +778,7 @@ def main(argv=None) -> dict:
     p.add_argument("--lossless-prompts", type=int, default=6)
     p.add_argument("--lossless-tokens", type=int, default=64)
     p.add_argument("--lossless-budget", type=int, default=32)
-    p.add_argument("--only", default="gdn,conv,attention,norms,lossless")
+    p.add_argument("--only", default="gdn,conv,attention,decode,norms,tree_build,gemm,lossless")
     p.add_argument("--merge", nargs="+", default=None, help="combine result files instead of measuring")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -684,7 +826,9 @@ def main(argv=None) -> dict:
     sweep = not args.no_sweep
     sections = {"gdn": lambda t: bench_gdn(t, args.rep_ms, fla, sweep), "conv": lambda t: bench_conv(t, args.rep_ms),
                 "norms": lambda t: bench_norms(t, args.rep_ms),
-                "attention": lambda t: bench_attention(t, args.rep_ms, args.prefix, sweep)}
+                "attention": lambda t: bench_attention(t, args.rep_ms, args.prefix, sweep),
+                "decode": lambda t: bench_decode_attention(t, args.rep_ms, args.prefix, sweep),
+                "tree_build": lambda b: bench_tree_build(b, args.rep_ms)}
     for name in only:
         if name == "lossless":
             if args.lossless_prompts <= 0:
@@ -699,8 +843,16 @@ def main(argv=None) -> dict:
                 if key in result["lossless"]:
                     log(f"lossless {key}: {result['lossless'][key]}")
             continue
+        if name == "gemm":
+            try:
+                result["gemm"] = bench_gemm(args.rep_ms, bw)
+            except Exception as exc:
+                result["gemm"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+                log(traceback.format_exc())
+            save()
+            continue
         result[name] = {}
-        for t in (NORM_ROWS if name == "norms" else sizes):
+        for t in {"norms": NORM_ROWS, "decode": DECODE_ROWS, "tree_build": BUILD_BUDGETS}.get(name, sizes):
             try:
                 result[name][str(t)] = sections[name](t)
             except Exception as exc:
