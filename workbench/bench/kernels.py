@@ -405,6 +405,50 @@ def bench_decode_attention(t: int, rep: int, prefix: int, sweep: bool = True) ->
     return row
 
 
+def bench_decode_gdn(t: int, rep: int) -> dict:
+    """The GDN fork + commit for the AR step's single node (t = 1; t = 2 a chain): the default
+    config beside narrower value blocks (more programs: a T = 1 program has one node's work)."""
+    from tree_kernels.tree_gdn import naive
+    from tree_kernels.tree_gdn import triton as tg
+
+    dev = torch.device("cuda")
+    q, k, v, gate, beta, s0 = gdn_inputs(t, dev, seed=t)
+    anc = torch.tril(torch.ones(t, t, dtype=torch.bool, device=dev))
+    path = torch.arange(t, device=dev)
+    count = torch.tensor(t, device=dev)
+    row: dict = {"nodes": t, "default_config": tg.default_config(t, GDN["hv"], GDN["dv"], dev)}
+    log(f"  decode gdn T={t}")
+    o_ref, _ = naive.tree_gdn_fork(q, k, v.float(), gate, beta.float(), s0, anc)
+    o, stash = tg.tree_gdn_fork(q, k, v, gate, beta, s0, anc)
+    row["err_o_vs_fp32_ref"] = err(o, o_ref)
+    timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, anc), rep, graph=True)
+    out = torch.empty_like(s0)
+    timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(stash, s0, path, count=count, out=out), rep, graph=True)
+    row["sweep"] = []
+    for bv, nw in ((64, 4), (32, 4), (16, 4), (16, 2), (32, 2), (16, 1)):
+        cfg = {"BS": 16, "BV": bv, "num_warps": nw}
+        rec = dict(cfg)
+        try:
+            fn = lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, anc, config=cfg)  # noqa: E731
+            rec["max_abs_vs_fp32_ref"] = (fn()[0] - o_ref).abs().max().item()
+            rec["cold_graph_ms"] = cold_graph_ms(fn, 20)
+        except Exception as exc:
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        row["sweep"].append(rec)
+        log(f"    fork sweep {rec}")
+    row["commit_sweep"] = []
+    for bk, bv, nw in ((64, 64, 4), (32, 32, 4), (32, 64, 4), (16, 64, 4), (32, 32, 2)):
+        rec = {"BK": bk, "BV": bv, "num_warps": nw}
+        try:
+            fn = lambda: tg.tree_gdn_commit(stash, s0, path, count=count, out=out, block_k=bk, block_v=bv, num_warps=nw)  # noqa: E731
+            rec["cold_graph_ms"] = cold_graph_ms(fn, 20)
+        except Exception as exc:
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        row["commit_sweep"].append(rec)
+        log(f"    commit sweep {rec}")
+    return row
+
+
 def bench_tree_build(budget: int, rep: int, depth: int = 15) -> dict:
     """Building the DDTree of ``budget`` nodes from a 16-token block's top-``budget`` per depth:
     the one-program Triton kernel against the torch beam builder (what the fast path ran before)."""
@@ -682,9 +726,10 @@ ROWS = {
     "conv": [("triton", "triton_ms"), ("triton commit", "triton_commit_ms"), ("torch (reference)", "torch_ms"),
              ("torch commit (reference)", "torch_commit_ms")],
     "decode": [("triton (fast-path call)", "triton_ms"), ("sdpa decode, 1 query", "sdpa_decode_ms")],
+    "decode_gdn": [("triton fork", "triton_fork_ms"), ("triton commit", "triton_commit_ms")],
     "tree_build": [("triton (one program)", "triton_ms"), ("torch beam builder", "torch_beam_ms")],
 }
-ERRS = {"gdn": "err_o_vs_fp32_ref", "attention": "err_vs_fp32_ref", "conv": "err_vs_fp32_ref", "decode": "err_vs_fp32_ref",
+ERRS = {"decode_gdn": "err_o_vs_fp32_ref", "gdn": "err_o_vs_fp32_ref", "attention": "err_vs_fp32_ref", "conv": "err_vs_fp32_ref", "decode": "err_vs_fp32_ref",
         "tree_build": "-"}
 
 
@@ -750,7 +795,7 @@ def merge(paths: list[str], out: Path | None) -> dict:
     for p in paths:
         part = json.loads(Path(p).read_text())
         for k, v in part.items():
-            if k in ("gdn", "attention", "conv", "norms", "decode", "tree_build"):
+            if k in ("gdn", "attention", "conv", "norms", "decode", "decode_gdn", "tree_build"):
                 if v:
                     result.setdefault(k, {}).update(v)
             elif k in ("lossless", "gemm"):
@@ -778,7 +823,7 @@ def main(argv=None) -> dict:
     p.add_argument("--lossless-prompts", type=int, default=6)
     p.add_argument("--lossless-tokens", type=int, default=64)
     p.add_argument("--lossless-budget", type=int, default=32)
-    p.add_argument("--only", default="gdn,conv,attention,decode,norms,tree_build,gemm,lossless")
+    p.add_argument("--only", default="gdn,conv,attention,decode,decode_gdn,norms,tree_build,gemm,lossless")
     p.add_argument("--merge", nargs="+", default=None, help="combine result files instead of measuring")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -828,6 +873,7 @@ def main(argv=None) -> dict:
                 "norms": lambda t: bench_norms(t, args.rep_ms),
                 "attention": lambda t: bench_attention(t, args.rep_ms, args.prefix, sweep),
                 "decode": lambda t: bench_decode_attention(t, args.rep_ms, args.prefix, sweep),
+                "decode_gdn": lambda t: bench_decode_gdn(t, args.rep_ms),
                 "tree_build": lambda b: bench_tree_build(b, args.rep_ms)}
     for name in only:
         if name == "lossless":
@@ -852,7 +898,7 @@ def main(argv=None) -> dict:
             save()
             continue
         result[name] = {}
-        for t in {"norms": NORM_ROWS, "decode": DECODE_ROWS, "tree_build": BUILD_BUDGETS}.get(name, sizes):
+        for t in {"norms": NORM_ROWS, "decode": DECODE_ROWS, "decode_gdn": DECODE_ROWS, "tree_build": BUILD_BUDGETS}.get(name, sizes):
             try:
                 result[name][str(t)] = sections[name](t)
             except Exception as exc:
