@@ -140,16 +140,19 @@ def randomize_(module: nn.Module, seed: int, gain: float = 1.0) -> nn.Module:
     return module
 
 
-def random_target(kind: str = "hybrid", seed: int = 0, dtype=torch.float32, **dims) -> CausalLM:
+def random_target(kind: str = "hybrid", seed: int = 0, dtype=torch.float32, pack: bool = True, **dims) -> CausalLM:
+    """A tiny random target for inference, its projections packed (``pack=False``: one GEMM each)."""
     config = parse_target_config(tiny_config(kind, **dims))
     model = build_target(config)
     randomize_(model, seed)
     model = model.to(dtype)
     model.reset_rotary()
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    return model.pack_projections() if pack else model
 
 
-def random_dflash(target: CausalLM, seed: int = 0, num_layers: int = 1, block_size: int = 8, mask_token_id=None):
+def random_dflash(target: CausalLM, seed: int = 0, num_layers: int = 1, block_size: int = 8, mask_token_id=None,
+                  pack: bool = True):
     t = target.config
     layer_ids = sorted({max(0, t.num_hidden_layers // 4), t.num_hidden_layers // 2, t.num_hidden_layers - 1})
     mask = BYTE_TOKENS + 1 if mask_token_id is None else mask_token_id
@@ -158,7 +161,8 @@ def random_dflash(target: CausalLM, seed: int = 0, num_layers: int = 1, block_si
     randomize_(model, seed + 1)
     model = model.to(target.dtype)
     model.reset_rotary()
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    return model.pack_projections() if pack else model
 
 
 def byte_tokenizer(vocab_size: int):

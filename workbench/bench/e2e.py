@@ -288,6 +288,7 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
     target.reset_rotary()
     _init_random_(target)
     target.eval().requires_grad_(False)
+    target.pack_projections()  # as load_target does: one GEMM per layer input
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     read_bytes = weight_bytes - target.model.embed_tokens.weight.numel() * 2  # decode reads one embedding row
     layer_ids = [1, 16, 31, 46, 61]
@@ -299,6 +300,7 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
     dmodel.reset_rotary()
     _init_random_(dmodel)
     dmodel.eval().requires_grad_(False)
+    dmodel.pack_projections()
     drafter = DFlashDrafter(dmodel, target)
     log(f"27B dims: built {weight_bytes / 1e9:.1f} GB of bf16 weights in {time.perf_counter() - t0:.0f} s")
     bandwidth = copy_bandwidth_gbs()

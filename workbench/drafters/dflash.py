@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.checkpoint import check_against, group_expert_keys, load_into, read_headers, save_tensors, write_json
-from ..models.common import MLP, KVCache, RMSNorm, Rotary, apply_rotary
+from ..models.common import MLP, KVCache, PackableModel, PackedModule, RMSNorm, Rotary, apply_rotary
 from ..models.config import ConfigError, RopeConfig, _rope_from
 from ..tree import Draft
 
@@ -129,7 +129,11 @@ def check_pair(config: DFlashConfig, target_config) -> None:
         raise ConfigError("drafter does not fit the target: " + "; ".join(problems))
 
 
-class DFlashAttention(nn.Module):
+class DFlashAttention(PackedModule):
+    # k and v read the context rows and the block, q only the block: k and v share a GEMM
+    # (packing q too would compute it for every context row, the whole prompt on the first round)
+    packable = ("k_proj", "v_proj")
+
     def __init__(self, config: DFlashConfig, layer: int):
         super().__init__()
         h, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -149,8 +153,9 @@ class DFlashAttention(nn.Module):
         b, c = x.shape[0], ctx.shape[0]
         q = self.q_norm(self.q_proj(x).view(b, self.heads, self.head_dim))
         both = torch.cat([ctx, x], dim=0)
-        k = self.k_norm(self.k_proj(both).view(c + b, self.kv_heads, self.head_dim))
-        v = self.v_proj(both).view(c + b, self.kv_heads, self.head_dim)
+        k, v = self.projections(both)
+        k = self.k_norm(k.view(c + b, self.kv_heads, self.head_dim))
+        v = v.view(c + b, self.kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)
         if static_rows is None:
             keys, values = cache.write(cache.length, k, v)
@@ -196,7 +201,7 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DFlashDraftModel(nn.Module):
+class DFlashDraftModel(PackableModel):
     """Parameter names follow the z-lab layout: fc, hidden_norm, layers.{i}..., norm (no prefix)."""
 
     def __init__(self, config: DFlashConfig):
@@ -281,6 +286,7 @@ def load_dflash(directory: str | Path, device="cpu", dtype=None, target_config=N
     model.reset_rotary()
     load_into(model, sources, ("rotary.inv_freq",))
     model.eval().requires_grad_(False)  # inference; training code turns gradients back on
+    model.pack_projections()  # one GEMM for k/v and for gate/up per layer; state_dict unchanged
     model.source_directory = str(directory)
     return model
 

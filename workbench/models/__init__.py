@@ -76,6 +76,7 @@ def load_target(
     model.reset_rotary()
     load_into(model, sources, ignore + ("rotary.inv_freq",))
     model.eval().requires_grad_(False)  # inference; training code turns gradients back on
+    model.pack_projections()  # one GEMM for each layer's q/k/v, gate/up, GDN in_proj_*; state_dict unchanged
     model.source_directory = str(directory)
     return model
 

@@ -5,7 +5,10 @@ chains (a degenerate tree), verify is a real tree. One code path per layer serve
 Tensors are batch-1 and tokens-first: hidden states are ``[T, hidden]``.
 
 Module and parameter names mirror transformers' (``model.layers.3.self_attn.q_proj.weight``),
-so an HF checkpoint's keys are this module's ``state_dict`` keys.
+so an HF checkpoint's keys are this module's ``state_dict`` keys. For inference the projections
+of one input (q/k/v, gate/up, the GDN in_proj_*) are packed into one GEMM each
+(``pack_projections``) without changing those keys: each Linear's weight becomes a view of the
+packed tensor.
 """
 
 from __future__ import annotations
@@ -20,6 +23,127 @@ from tree_kernels.static import tree_attention_static
 
 from ..tree import CompiledTree, compile_chain
 from .config import TargetConfig
+
+# ----------------------------------------------------------------------------------------------
+# packed projections: the Linear layers of one input as one GEMM (as serving engines do)
+
+
+class PackedLinears:
+    """Linear layers that read the same input, run as one GEMM over their concatenated rows.
+
+    Built by :func:`pack_linears`: each Linear's ``weight`` (and ``bias``) is then a Parameter that
+    is a row-slice view of ``self.weight`` (``self.bias``), so there is no second copy, the
+    ``state_dict`` keys and values are unchanged, and in-place writes into a Linear's weight
+    (checkpoint loads, optimizer steps) land in the packed tensor. The packed tensors are plain
+    attributes: neither parameters nor buffers.
+    """
+
+    def __init__(self, linears: list[nn.Linear], weight: torch.Tensor, bias: torch.Tensor | None):
+        self.linears, self.weight, self.bias = linears, weight, bias
+        self.sizes = [lin.out_features for lin in linears]
+        starts = [sum(self.sizes[:i]) for i in range(len(linears))]
+        # where each Linear's weight (bias) starts, in bytes after the packed tensor's start
+        self._offsets = [(r * weight.stride(0) * weight.element_size(), r * weight.element_size()) for r in starts]
+        self.ok = True  # the last eager ``intact()``: what a compiled forward reads
+
+    def intact(self) -> bool:
+        """Every Linear still holds its slice: not after a reassigned weight or ``param.data = ...``
+        (``.to()`` and friends pack again, see PackedModule._apply). Host-side pointer compares only."""
+        w0 = self.weight.data_ptr()
+        b0 = self.bias.data_ptr() if self.bias is not None else None
+        for lin, (w_off, b_off) in zip(self.linears, self._offsets):
+            if lin.weight.data_ptr() != w0 + w_off:
+                return False
+            if b0 is not None and (lin.bias is None or lin.bias.data_ptr() != b0 + b_off):
+                return False
+        return True
+
+    def usable(self) -> bool:
+        """Whether the packed GEMM may stand in for the separate ones now. Not when gradients are
+        wanted (they would reach the packed tensor, not the Linears' parameters). Under
+        ``torch.compile`` data pointers cannot be traced: the last eager check is used (the
+        model refreshes it before running compiled layers, see PackableModel.check_packing)."""
+        if torch.is_grad_enabled() and any(p.requires_grad for lin in self.linears for p in (lin.weight, lin.bias) if p is not None):
+            return False
+        if not torch.compiler.is_compiling():
+            self.ok = self.intact()
+        return self.ok
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The Linears' outputs, in order: column slices of one GEMM's output."""
+        return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
+
+
+def pack_linears(*linears: nn.Linear) -> PackedLinears | None:
+    """Concatenate the Linears' weights (and biases) along the output dim into one new tensor and
+    make each Linear's parameters row-slice views of it. None (nothing changed) when they do not
+    fit one GEMM: different input sizes, dtypes or devices, or only some with a bias."""
+    weights = [lin.weight for lin in linears]
+    biases = [lin.bias for lin in linears]
+    with_bias = [b is not None for b in biases]
+    if len(linears) < 2 or any(with_bias) != all(with_bias):
+        return None
+    if len({(w.shape[1], w.dtype, w.device) for w in weights}) != 1:
+        return None
+    if all(with_bias) and len({(b.dtype, b.device) for b in biases}) != 1:
+        return None
+    with torch.no_grad():
+        weight = torch.cat([w.detach() for w in weights])
+        bias = torch.cat([b.detach() for b in biases]) if all(with_bias) else None
+    rows = 0
+    for lin in linears:
+        n = lin.out_features
+        lin.weight = nn.Parameter(weight[rows : rows + n], requires_grad=lin.weight.requires_grad)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[rows : rows + n], requires_grad=lin.bias.requires_grad)
+        rows += n
+    return PackedLinears(list(linears), weight, bias)
+
+
+class PackedModule(nn.Module):
+    """A module whose Linear layers named in ``packable`` read the same input. ``pack()`` lets
+    them run as one GEMM; ``projections(x)`` returns their outputs, packed or not."""
+
+    packable: tuple[str, ...] = ()
+    packed: PackedLinears | None = None
+
+    def pack(self) -> None:
+        self.packed = pack_linears(*(getattr(self, name) for name in self.packable))
+
+    def projections(self, x: torch.Tensor) -> list[torch.Tensor]:
+        p = self.packed
+        if p is not None and p.usable():
+            return p(x)
+        return [getattr(self, name)(x) for name in self.packable]
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .half() / .cuda() / to_empty() give every parameter its own new tensor: pack
+        # again (the old packed tensor is freed). In-place ones (share_memory_) keep the views.
+        super()._apply(fn, recurse)
+        if self.packed is not None and not self.packed.intact():
+            self.pack()
+        return self
+
+
+class PackableModel(nn.Module):
+    """A whole model whose layers can pack their projections (CausalLM, the DFlash drafter)."""
+
+    def packed_modules(self) -> list[PackedModule]:
+        return [m for m in self.modules() if isinstance(m, PackedModule) and m.packed is not None]
+
+    def pack_projections(self) -> "PackableModel":
+        """Pack every layer's projections (inference; state_dict and parameter count unchanged)."""
+        for m in self.modules():
+            if isinstance(m, PackedModule):
+                m.pack()
+        return self
+
+    def check_packing(self) -> None:
+        """Refresh each pack's eager check, for layers run under torch.compile."""
+        if not torch.compiler.is_compiling():
+            for m in self.packed_modules():
+                m.packed.ok = m.packed.intact()
+
 
 # ----------------------------------------------------------------------------------------------
 # norms
@@ -72,7 +196,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 # feed-forward
 
 
-class MLP(nn.Module):
+class MLP(PackedModule):
+    packable = ("gate_proj", "up_proj")
+
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -80,7 +206,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x):
-        return self.down_proj(tk.silu_mul(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.projections(x)  # packed: column slices of one [T, 2I] output (silu_mul reads strided rows)
+        return self.down_proj(tk.silu_mul(gate, up))
 
 
 class Experts(nn.Module):
@@ -196,8 +323,10 @@ class KVCache:
         self.length = start + n
 
 
-class Attention(nn.Module):
+class Attention(PackedModule):
     """Qwen attention: q/k RMSNorm per head, (partial) rotary, GQA, optional sigmoid output gate."""
+
+    packable = ("q_proj", "k_proj", "v_proj")
 
     def __init__(self, config: TargetConfig, layer: int, gated: bool, zero_centered_norm: bool):
         super().__init__()
@@ -219,13 +348,13 @@ class Attention(nn.Module):
 
     def forward(self, x, tree: CompiledTree, cache: KVCache, cos, sin, mode: str):
         t = x.shape[0]
-        q = self.q_proj(x)
+        q, k, v = self.projections(x)
         if self.gated:
             q, gate = q.view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
             gate = gate.reshape(t, self.heads * self.head_dim)
         q = self.q_norm(q.reshape(t, self.heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(t, self.kv_heads, self.head_dim))
-        v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)
+        k = self.k_norm(k.view(t, self.kv_heads, self.head_dim))
+        v = v.view(t, self.kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if tree.prefix_t is None:
             keys, values = cache.write(tree.prefix_len, k, v)
@@ -294,7 +423,7 @@ class ForwardOutput:
     states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [T, HV, dk, dv] (record_states)
 
 
-class CausalLM(nn.Module):
+class CausalLM(PackableModel):
     """The shell every target family fills in: embeddings, decoder layers, final norm, lm_head."""
 
     def __init__(self, config: TargetConfig, layers: list[DecoderLayer], zero_centered: bool):
@@ -358,6 +487,8 @@ class CausalLM(nn.Module):
         """
         if tree.prefix_t is None and tree.prefix_len != cache.length:
             raise RuntimeError(f"tree starts at {tree.prefix_len} but the cache holds {cache.length} tokens")
+        if self.layer_fn is not None:
+            self.check_packing()  # a compiled layer function reads this check (no data pointers there)
         x = self.embed(tree.tokens)
         cos, sin = self.rotary.cos_sin(tree.positions, x.dtype)
         wanted = {layer: i for i, layer in enumerate(taps)}

@@ -11,7 +11,8 @@ as wide), per-head q/k RMSNorm and partial rotary. The GDN mixer:
     out = out_proj(RMSNormGated(o, z))
 
 Qwen3-Next fuses the projections (in_proj_qkvz, in_proj_ba) grouped per key head; the maths
-after the split is identical.
+after the split is identical. Either way ``pack()`` runs all of the layer's input projections
+as one GEMM (common.PackedModule).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tree_kernels import tree_conv_commit
 
 from .. import verify
 from ..tree import CompiledTree
-from .common import Attention, CausalLM, DecoderLayer, make_feed_forward
+from .common import Attention, CausalLM, DecoderLayer, PackedModule, make_feed_forward
 from .config import TargetConfig
 
 
@@ -83,7 +84,7 @@ class RecurrentCache:
         self.pending_conv_inputs = None
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(PackedModule):
     def __init__(self, config: TargetConfig, fused_projections: bool):
         super().__init__()
         self.hk, self.hv = config.linear_num_key_heads, config.linear_num_value_heads
@@ -97,11 +98,13 @@ class GatedDeltaNet(nn.Module):
         if fused_projections:
             self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
             self.in_proj_ba = nn.Linear(hidden, 2 * self.hv, bias=False)
+            self.packable = ("in_proj_qkvz", "in_proj_ba")
         else:
             self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
             self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
             self.in_proj_b = nn.Linear(hidden, self.hv, bias=False)
             self.in_proj_a = nn.Linear(hidden, self.hv, bias=False)
+            self.packable = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
@@ -114,11 +117,13 @@ class GatedDeltaNet(nn.Module):
         """x [T, hidden] -> conv inputs [T, conv_dim], z [T, HV, dv], b, a [T, HV]."""
         t = x.shape[0]
         if not self.fused:
-            return self.in_proj_qkv(x), self.in_proj_z(x).view(t, self.hv, self.dv), self.in_proj_b(x), self.in_proj_a(x)
+            qkv, z, b, a = self.projections(x)  # packed: column slices of one GEMM's output
+            return qkv, z.view(t, self.hv, self.dv), b, a
         r = self.hv // self.hk
-        qkvz = self.in_proj_qkvz(x).view(t, self.hk, 2 * self.dk + 2 * r * self.dv)
+        qkvz, ba = self.projections(x)
+        qkvz = qkvz.view(t, self.hk, 2 * self.dk + 2 * r * self.dv)
         q, k, v, z = torch.split(qkvz, [self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
-        b, a = torch.split(self.in_proj_ba(x).view(t, self.hk, 2 * r), [r, r], dim=-1)
+        b, a = torch.split(ba.view(t, self.hk, 2 * r), [r, r], dim=-1)
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
         return mixed, z.reshape(t, self.hv, self.dv), b.reshape(t, self.hv), a.reshape(t, self.hv)
 

@@ -129,13 +129,13 @@ def _rotary_batched(x, cos, sin):
 def attention_forward(attn: Attention, x, cos, sin, positions, cache: BatchedCache | None, layer: int):
     b, t, _ = x.shape
     h, kvh, d = attn.heads, attn.kv_heads, attn.head_dim
-    q = attn.q_proj(x)
+    q, k, v = attn.projections(x)  # one GEMM when the model is packed (inference), else one each
     if attn.gated:
         q, gate = q.view(b, t, h, 2 * d).chunk(2, dim=-1)
         gate = gate.reshape(b, t, h * d)
     q = attn.q_norm(q.reshape(b, t, h, d))
-    k = attn.k_norm(attn.k_proj(x).view(b, t, kvh, d))
-    v = attn.v_proj(x).view(b, t, kvh, d)
+    k = attn.k_norm(k.view(b, t, kvh, d))
+    v = v.view(b, t, kvh, d)
     q, k = _rotary_batched(q, cos, sin), _rotary_batched(k, cos, sin)
     start = 0
     if cache is not None:
