@@ -1,8 +1,9 @@
 """Figures from a committed end-to-end result: ``python -m workbench.bench.figures [--e2e FILE]``.
 
-Reads ``data/results/e2e-*.json`` (the newest unless ``--e2e``) and writes, next to it under
+Reads e2e results (``--e2e FILE ...``; by default the newest ``data/results/e2e-*.json`` with
+bundled-pair rows and the newest with 27B-dims timings, one file or two) and writes under
 ``data/results/figures/``: tokens/s vs budget for each bundled pair, and the Qwen3.6-27B-dims
-verify cost against tree tokens. Needs plotly and a browser for PNG (``env/install-chromium.sh``);
+verify cost against tree tokens, each named after the file it came from. Needs plotly and a browser for PNG (``env/install-chromium.sh``);
 nothing here runs a model.
 """
 
@@ -12,6 +13,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from .results import newest_e2e_with
 
 RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
 
@@ -27,19 +30,32 @@ def figures_for(result: dict, stem: str) -> list[tuple[object, str]]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--e2e", default=None, help="an e2e result (default: the newest data/results/e2e-*.json)")
+    p.add_argument("--e2e", nargs="+", default=None,
+                   help="e2e results (default: the newest data/results/e2e-*.json with pairs and with 27B dims)")
     p.add_argument("--out-dir", default=str(RESULTS / "figures"))
     args = p.parse_args(argv)
-    found = sorted(RESULTS.glob("e2e-*.json"))
-    path = Path(args.e2e) if args.e2e else (found[-1] if found else None)
-    if path is None or not path.is_file():
-        print(f"error: no e2e result at {path or RESULTS / 'e2e-*.json'}", file=sys.stderr)
-        return 2
-    result = json.loads(path.read_text())
-    items = figures_for(result, path.stem)
-    if not items:
-        print(f"error: {path.name} has neither pairs nor 27B-dims timings to plot", file=sys.stderr)
-        return 2
+    if args.e2e:
+        paths = [Path(p) for p in args.e2e]
+    else:
+        paths = []
+        for part in ("pairs", "qwen36_27b_dims"):
+            try:
+                paths.append(newest_e2e_with(part, RESULTS))
+            except FileNotFoundError:
+                pass
+        if not paths:
+            print(f"error: no e2e result under {RESULTS}", file=sys.stderr)
+            return 2
+    items = []
+    for path in dict.fromkeys(paths):
+        if not path.is_file():
+            print(f"error: no e2e result at {path}", file=sys.stderr)
+            return 2
+        found = figures_for(json.loads(path.read_text()), path.stem)
+        if not found:
+            print(f"error: {path.name} has neither pairs nor 27B-dims timings to plot", file=sys.stderr)
+            return 2
+        items += found
     from ..viz import save_many
 
     out = Path(args.out_dir)

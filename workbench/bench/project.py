@@ -20,15 +20,9 @@ import sys
 from pathlib import Path
 
 from ..trace import write_json_atomic
+from .results import newest_e2e_with
 
 RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
-
-
-def _latest(pattern: str) -> Path:
-    found = sorted(RESULTS.glob(pattern))
-    if not found:
-        raise FileNotFoundError(f"no {pattern} under {RESULTS}")
-    return found[-1]
 
 
 def project(e2e: dict, acceptance: dict, pair: str = "tiny-hybrid", mode: str = "fork") -> dict:
@@ -68,13 +62,13 @@ def project(e2e: dict, acceptance: dict, pair: str = "tiny-hybrid", mode: str = 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m workbench.bench.project", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--e2e", default=None, help="e2e result with a qwen36_27b_dims part (default: the newest e2e-*.json)")
+    p.add_argument("--e2e", default=None, help="e2e result with a qwen36_27b_dims part (default: the newest e2e-*.json that has one)")
     p.add_argument("--acceptance", default=str(RESULTS / "zoo-acceptance.json"))
     p.add_argument("--pair", default="tiny-hybrid")
     p.add_argument("--out", default=str(RESULTS / "projection-27b.json"))
     args = p.parse_args(argv)
     try:
-        e2e_path = Path(args.e2e) if args.e2e else _latest("e2e-*.json")
+        e2e_path = Path(args.e2e) if args.e2e else newest_e2e_with("qwen36_27b_dims", RESULTS)
         acc_path = Path(args.acceptance)
         for path in (e2e_path, acc_path):
             if not path.is_file():

@@ -1,0 +1,34 @@
+"""Which committed e2e result the figure and projection scripts read by default."""
+
+import json
+
+import pytest
+
+from workbench.bench.results import has_part, newest_e2e_with
+
+
+def _write(path, date, dtype="bfloat16", pairs=False, big=False):
+    result = {"date": date, "settings": {"dtype": dtype}, "pairs": {"tiny-x": {"rows": []}} if pairs else {},
+              "qwen36_27b_dims": {"verify_ms": {"16/fork": 1.0}} if big else {}}
+    path.write_text(json.dumps(result))
+    return path
+
+
+def test_newest_with_each_part_across_split_runs(tmp_path):
+    old_both = _write(tmp_path / "e2e-a.json", "2026-12-01T10:00:00", pairs=True, big=True)
+    big = _write(tmp_path / "e2e-b-27b.json", "2026-12-03T12:00:00", big=True)
+    pairs = _write(tmp_path / "e2e-b.json", "2026-12-03T12:05:00", pairs=True)
+    fp32 = _write(tmp_path / "e2e-b-fp32.json", "2026-12-03T12:10:00", dtype="float32", pairs=True)
+    assert newest_e2e_with("pairs", tmp_path) == pairs  # not the later fp32 exactness run
+    assert newest_e2e_with("pairs", tmp_path, dtype=None) == fp32
+    assert newest_e2e_with("qwen36_27b_dims", tmp_path) == big
+    big.unlink()
+    assert newest_e2e_with("qwen36_27b_dims", tmp_path) == old_both
+
+
+def test_missing_part_and_unknown_part_name_the_problem(tmp_path):
+    _write(tmp_path / "e2e-a.json", "2026-12-01", pairs=True)
+    with pytest.raises(FileNotFoundError, match="qwen36_27b_dims part in bfloat16"):
+        newest_e2e_with("qwen36_27b_dims", tmp_path)
+    with pytest.raises(ValueError, match="unknown e2e part 'verify'"):
+        has_part({}, "verify")

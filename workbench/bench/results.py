@@ -1,0 +1,38 @@
+"""Finding committed results: the newest ``data/results/e2e-*.json`` that holds a given part.
+
+A device session often splits the end-to-end bench into several runs (the pairs in one
+10-minute command, the 27B dims in another), so "the newest file" is not enough: the readers
+ask for the newest file that has the part they draw from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
+
+
+def has_part(result: dict, part: str) -> bool:
+    """``part`` is ``"pairs"`` (bundled-pair rows) or ``"qwen36_27b_dims"`` (27B-dims verify timings)."""
+    if part == "pairs":
+        return bool(result.get("pairs"))
+    if part == "qwen36_27b_dims":
+        return bool(result.get("qwen36_27b_dims", {}).get("verify_ms"))
+    raise ValueError(f"unknown e2e part {part!r} (pairs or qwen36_27b_dims)")
+
+
+def newest_e2e_with(part: str, results: Path = RESULTS, dtype: str | None = "bfloat16") -> Path:
+    """The newest e2e result (by its recorded date, then name) that has ``part``.
+
+    ``dtype`` keeps to runs in that precision (the fp32 exactness runs are not the speed figures);
+    None takes any.
+    """
+    candidates = []
+    for path in results.glob("e2e-*.json"):
+        result = json.loads(path.read_text())
+        if has_part(result, part) and (dtype is None or result.get("settings", {}).get("dtype") == dtype):
+            candidates.append((str(result.get("date", "")), path.name, path))
+    if not candidates:
+        raise FileNotFoundError(f"no e2e-*.json under {results} has a {part} part" + (f" in {dtype}" if dtype else ""))
+    return max(candidates)[2]
