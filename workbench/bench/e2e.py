@@ -364,6 +364,11 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
             out["verify_ms"][f"{budget}/{mode}"] = ms
             if mode == "fork":
                 out["draft_ms"][str(budget)] = time_step(eng, "draft", eng._draft_step)
+            if args.profile and budget == 64:  # where the 65-token verify's time goes beyond the AR step's
+                try:
+                    out[f"verify_{budget + 1}_{mode}_profile"] = profile_step(lambda: (eng.buf.position.fill_(prefix), eng._round_step()), ms)
+                except Exception as exc:
+                    out[f"verify_{budget + 1}_{mode}_profile"] = {"error": repr(exc)[:1000]}
             log(f"27B dims: verify {budget + 1} tokens ({mode}) {ms:.2f} ms = {ms / out['ar_step_ms']:.2f}x AR step"
                 + (f"; draft {out['draft_ms'][str(budget)]:.2f} ms" if mode == "fork" else ""))
             del eng
