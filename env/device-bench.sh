@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU measurements, as run on the device machine (torch, triton, transformers preinstalled; no
 # network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all  [OUT dir]
-# kernels ~3 min, pairs ~4 min, 27b ~2 min on an H200 (2026-12-02); results are JSON under OUT
-# (default $OUT or out/device). Then here: python -m workbench.bench.project / .figures.
+# kernels ~3 min, pairs ~4 min, 27b ~2 min on an H200 (2026-12-03); results are JSON under OUT
+# (default $OUT or out/device). Copy them to data/results/ as e2e-<device>-<date>[-27b|-fp32].json
+# (the figure, projection and --budget auto readers take the newest bf16 file that has their
+# part), then here: python -m workbench.bench.project / .figures.
 set -euo pipefail
 part="${1:-all}"
 out="${2:-${OUT:-out/device}}"
@@ -19,7 +21,7 @@ if [[ "$part" == kernels || "$part" == all ]]; then
 fi
 if [[ "$part" == pairs || "$part" == all ]]; then
   # both zoo pairs, T=0 and T=1, DDTree 8-256 fork/unsafe, HF generate (bf16), then fp32 at T=0
-  python3 -m workbench.bench.e2e --n 8 --skip-27b --phase-prompts 1 --out "$out/e2e-pairs.json" 2>&1 | tee "$out/e2e-pairs.log"
+  python3 -m workbench.bench.e2e --n 8 --skip-27b --phase-prompts 2 --out "$out/e2e-pairs.json" 2>&1 | tee "$out/e2e-pairs.log"
   python3 -m workbench.bench.e2e --n 8 --skip-27b --skip-hf --dtype float32 --temperatures 0 --budgets 8,16,32,64 \
     --phase-prompts 1 --out "$out/e2e-pairs-fp32.json" 2>&1 | tee "$out/e2e-pairs-fp32.log"
 fi
