@@ -62,3 +62,19 @@ def test_calibration_times_every_candidate():
     ref = prompt + generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=40)).generated_ids
     best, info = calibrate_budget(target, OracleDrafter(ref, 200, OracleSpec(block=6)), prompt, GenerationConfig(), candidates=(4, 16), tokens=16)
     assert set(info["table"]) == {4, 16} and best in (4, 16) and all(v > 0 for v in info["table"].values())
+
+
+def test_the_newest_dated_measurement_wins_over_name_order(tmp_path):
+    target = random_target("hybrid", seed=1, vocab_size=200)
+    target.source_directory = str(tmp_path / "tiny-x")
+
+    def result(date, best):
+        rows = [{"method": "ddtree", "recurrent": "fork", "temperature": 0.0, "budget": b, "tokens_per_second": 200.0 if b == best else 100.0}
+                for b in (8, 16, 32)]
+        return json.dumps({"device": "cpu", "date": date, "pairs": {"tiny-x": {"rows": rows}}})
+
+    # "e2e-b.json" sorts after "e2e-b-late.json" by name, yet was measured earlier
+    (tmp_path / "e2e-b.json").write_text(result("2026-12-03T10:00:00", 8))
+    (tmp_path / "e2e-b-late.json").write_text(result("2026-12-03T12:00:00", 16))
+    best, info = measured_best_budget(target, results_dir=tmp_path)
+    assert best == 16 and info["source"].endswith("e2e-b-late.json")

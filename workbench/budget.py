@@ -59,11 +59,14 @@ def measured_best_budget(target, drafter=None, results_dir: Path = RESULTS) -> t
     models = [target] + ([getattr(drafter, "model", drafter)] if drafter is not None else [])
     best = None
     variant = norms_variant(next(target.parameters()))  # the rows of the model variant this process runs
-    for path in sorted(results_dir.glob("e2e-*.json")):
+    loaded = []
+    for path in results_dir.glob("e2e-*.json"):
         try:
-            result = json.loads(path.read_text())
+            loaded.append((path, json.loads(path.read_text())))
         except (OSError, json.JSONDecodeError):
             continue
+    # the newest measurement that matches wins: by recorded date, then name (split runs of one day)
+    for path, result in sorted(loaded, key=lambda pr: (str(pr[1].get("date", "")), pr[0].name)):
         if result.get("device") != device or name not in result.get("pairs", {}):
             continue
         pair = result["pairs"][name]
