@@ -182,3 +182,21 @@ def test_static_ancestor_mask_by_pointer_doubling_equals_the_walk(n, depth, shap
     for max_depth in sorted({tree.max_depth, tree.max_depth + 1, 15}):
         if max_depth >= tree.max_depth:
             assert torch.equal(static_ancestor_mask(parents, max_depth), ref), max_depth
+
+
+@pytest.mark.parametrize("eos, context", [(None, 4096), (7, 4096), (None, 40)])
+def test_queueing_the_next_round_before_recording_changes_nothing(eos, context):
+    # the host queues round i+1 before it records round i's trace: every recorded array must still be
+    # round i's (it comes from the one packed read), and the stops (max_new_tokens, eos, context) the same
+    target = random_target("hybrid", seed=8, vocab_size=40, eos_token_id=eos, max_position_embeddings=context)
+    drafter = DFlashDrafter(random_dflash(target, seed=4, block_size=6, mask_token_id=39), target)
+    cfg = GenerationConfig(method="ddtree", budget=12, max_new_tokens=30, temperature=0.9, seed=2, trace_topk=2, draft_trace_k=3)
+    for prompt, max_len in (([3, 1, 4, 1, 5], 200), (list(range(20)), 64)):
+        overlapped = FastEngine(target, drafter, cfg, max_len=max_len).generate(prompt)
+        serial = FastEngine(target, drafter, cfg, max_len=max_len, overlap_host=False).generate(prompt)
+        assert overlapped.generated_ids == serial.generated_ids and overlapped.stop_reason == serial.stop_reason
+        same_rounds(serial, overlapped)
+        assert [r.draft_tokens for r in overlapped.rounds] == [r.draft_tokens for r in serial.rounds]
+        assert [r.target_top_tokens for r in overlapped.rounds] == [r.target_top_tokens for r in serial.rounds]
+        assert [r.prefix_len for r in overlapped.rounds] == [r.prefix_len for r in serial.rounds]
+    assert serial.stop_reason == {(None, 4096): "max_new_tokens", (7, 4096): "eos", (None, 40): "context"}[eos, context]

@@ -5,7 +5,7 @@ everything a round needs kept on the device:
 
     graph "draft"   bonus, position, last round's accepted features -> per-depth top-k
     graph "round"   top-k -> tree (static best-first) -> verify -> choices -> walk -> commit
-    host            read the walk's result (the one sync), record the trace, decide to stop
+    host            read the walk's result (the one sync), decide to stop, queue the next round, then record the trace
 
 Shapes are fixed per (method, budget): the tree always has ``budget + 1`` slots, attention
 reads the whole KV buffer masked by a device prefix length, commits take a padded path. On
@@ -85,8 +85,10 @@ class _Buffers:
 class FastEngine:
     """Generate with static shapes; CUDA graphs on CUDA (``use_graphs`` forces on/off)."""
 
-    def __init__(self, target, drafter, config: GenerationConfig, max_len: int, use_graphs: bool | None = None):
+    def __init__(self, target, drafter, config: GenerationConfig, max_len: int, use_graphs: bool | None = None,
+                 overlap_host: bool = True):
         self.cfg = config.validate()
+        self.overlap_host = overlap_host  # queue the next round before recording the last one
         check_supported(target, drafter, config)
         self.target = target
         self.drafter = drafter if config.method != "ar" else None
@@ -152,6 +154,12 @@ class FastEngine:
         if self.drafter is not None and cfg.draft_trace_k:
             parts += [b.draft_tokens[:, : self.trace_k].reshape(-1), b.draft_logprobs[:, : self.trace_k].reshape(-1)]
         b.out["packed"] = torch.cat([p.reshape(-1).to(torch.float64) for p in parts])
+
+    def _launch_round(self, first: bool) -> None:
+        """Queue one round: the draft step (the first round's drafts came from the prefill) and the round step."""
+        if self.drafter is not None and not first:
+            self._run("draft", self._draft_step)
+        self._run("round", self._round_step)
 
     def _run(self, name: str, fn) -> None:
         if not self.use_graphs:
@@ -230,16 +238,16 @@ class FastEngine:
             stop = "eos"
         elif len(generated) >= cfg.max_new_tokens:
             stop = "max_new_tokens"
-        host_seconds = 0.0
+        host_seconds = 0.0  # time the device waits on the host: launches, and work between the sync and the next launch
+        queued = False  # the next round's steps are already on the device's queue
         while stop is None:
             position = self.cache.length
             if position + self.block + 1 > context:
                 stop = "context"
                 break
             h0 = time.perf_counter()
-            if self.drafter is not None and rounds:
-                self._run("draft", self._draft_step)
-            self._run("round", self._round_step)
+            if not queued:
+                self._launch_round(first=not rounds)
             h1 = time.perf_counter()
             # the one host sync of the round: the walk's result and the trace's small arrays
             packed = b.out["packed"].cpu().tolist()
@@ -254,11 +262,17 @@ class FastEngine:
                 if hasattr(c, "k"):
                     c.length = position + count
             new_tokens = [got["tokens"][n] for n in path[1:]] + [new_bonus]
-            rounds.append(self._round_trace(len(rounds), position, bonus, path, got, {"launch": h1 - h0, "sync": h2 - h1}))
-            host_seconds += (h1 - h0) + (time.perf_counter() - h2)
             stop = extend_generated(generated, new_tokens, eos, cfg.max_new_tokens)
+            # queue the next round before the trace bookkeeping, so the device runs while the host
+            # records (the steps read only device buffers, and everything recorded is in `packed`)
+            queued = self.overlap_host and stop is None and self.cache.length + self.block + 1 <= context
+            if queued:
+                self._launch_round(first=False)
+            h3 = time.perf_counter()
+            rounds.append(self._round_trace(len(rounds), position, bonus, path, got, {"launch": h1 - h0, "sync": h2 - h1}))
             if progress:
                 progress(len(new_tokens))
+            host_seconds += (h1 - h0) + ((h3 if queued else time.perf_counter()) - h2)
             bonus = new_bonus
         decode_seconds = time.perf_counter() - t0 - prefill_seconds
         settings = asdict(cfg)

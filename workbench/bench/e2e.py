@@ -121,6 +121,9 @@ def norm_variants(device) -> tuple[str, str]:
     return main, ("reference_norms" if main == "fused_norms" else "fused_norms")
 
 
+SERIAL = "/serial_host"  # variant suffix: FastEngine(overlap_host=False), the ablation of queueing ahead
+
+
 def bench_pair(name, drafter_name, prompts, args, device) -> dict:
     import tree_kernels as tk
 
@@ -145,11 +148,14 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
         if args.both_norms and temperature == 0:  # the same engine with the fused-norm switch the other way
             configs += [("ar", 1, "fork", other), ("dflash", 1, "fork", other)]
             configs += [("ddtree", b, "fork", other) for b in budgets]
+        if args.serial_host and temperature == 0:  # the host records each round before queueing the next
+            configs += [("ar", 1, "fork", main + SERIAL), ("dflash", 1, "fork", main + SERIAL)]
+            configs += [("ddtree", b, "fork", main + SERIAL) for b in budgets]
         for method, budget, mode, variant in configs:
             cfg = GenerationConfig(method=method, budget=budget, recurrent=mode, max_new_tokens=args.max_new_tokens,
                                    temperature=temperature, seed=0, trace_topk=0, draft_trace_k=0, stop_on_eos=False)
-            with tk.use_fused_norms(variant == "fused_norms"):
-                engine = FastEngine(target, drafter, cfg, max_len=max_len)
+            with tk.use_fused_norms(variant.startswith("fused_norms")):
+                engine = FastEngine(target, drafter, cfg, max_len=max_len, overlap_host=not variant.endswith(SERIAL))
                 engine.generate(ids[0])  # warm-up: captures the graphs
                 tokens = seconds = host = 0.0
                 taus, identical, outputs = [], 0, []
@@ -443,6 +449,9 @@ def main(argv=None) -> dict:
     p.add_argument("--profile", action="store_true", help="27B dims: kernel time by category in the AR step (torch.profiler)")
     p.add_argument("--both-norms", action="store_true",
                    help="also time the other setting of the fused-norm switch (pairs at T=0; 27B AR step and 65-token verify)")
+    p.add_argument("--serial-host", action="store_true",
+                   help="pairs at T=0: also run with the host recording each round before queueing the next "
+                        "(rows of variant <norms>/serial_host)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     args.budgets = [int(b) for b in args.budgets.split(",")]
