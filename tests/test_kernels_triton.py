@@ -543,3 +543,46 @@ def test_commits_in_place_equal_the_out_of_place_commits():
             with tk.use_backend("triton"):
                 got = st.conv_commit_static(flat, x, buf, padded, count, out=buf)
             assert got is buf and torch.equal(buf, want), (node, flat, width)
+
+
+@pytest.mark.parametrize("h, r, dk, dv, dtype", [(2, 1, 16, 32, torch.float32), (2, 3, 24, 40, torch.float32),
+                                                  (1, 4, 32, 64, torch.bfloat16)])
+def test_gdn_decode_step_equals_the_reference_and_a_one_node_fork_then_commit(h, r, dk, dv, dtype):
+    g = torch.Generator().manual_seed(dk + dv + r)
+    hv = h * r
+    q, k = torch.nn.functional.normalize(torch.randn(2, 1, h, dk, generator=g), dim=-1).to(dtype)
+    v = torch.randn(1, hv, dv, generator=g).to(dtype)
+    gate, beta = (-torch.rand(1, hv, generator=g)).to(dtype), torch.rand(1, hv, generator=g).to(dtype)
+    S0 = torch.randn(hv, dk, dv, generator=g)
+    o_ref, S_ref = gdn_naive.gdn_decode_step(q, k, v, gate, beta, S0)
+    # the same maths as the tree route it replaces on the AR step: fork a one-node tree, commit node 0
+    o_tree, stash = gdn_naive.tree_gdn_fork(q, k, v, gate, beta, S0, torch.ones(1, 1, dtype=torch.bool))
+    assert (o_ref - o_tree).abs().max() < 1e-5
+    assert (S_ref - gdn_naive.tree_gdn_commit(stash, S0, [0])).abs().max() < 1e-5
+    for block_v in (None, 16):  # one value block, or several with a ragged last one (dv 40)
+        o, S = gdn_tr.gdn_decode_step(q, k, v, gate, beta, S0, block_v=block_v)
+        assert o.dtype == S.dtype == torch.float32 and o.shape == (1, hv, dv) and S.shape == (hv, dk, dv)
+        assert (o - o_ref).abs().max() < 1e-4 and (S - S_ref).abs().max() < 1e-4, block_v
+    state = S0.clone()
+    with tk.use_backend("triton"):
+        o_in, S_in = tk.gdn_decode_step(q, k, v, gate, beta, state, out=state)  # in place
+    assert S_in is state and (state - S_ref).abs().max() < 1e-4 and (o_in - o_ref).abs().max() < 1e-4
+
+
+def test_gdn_decode_steps_follow_the_sequential_chain_and_check_shapes():
+    g = torch.Generator().manual_seed(3)
+    t, h, hv, dk, dv = 5, 2, 4, 16, 24
+    q, k = torch.nn.functional.normalize(torch.randn(2, t, h, dk, generator=g), dim=-1)
+    v, gate, beta = torch.randn(t, hv, dv, generator=g), -torch.rand(t, hv, generator=g), torch.rand(t, hv, generator=g)
+    S0 = torch.randn(hv, dk, dv, generator=g)
+    o_chain, states = gdn_naive.gdn_chain_sequential(q, k, v, gate, beta, S0)
+    state = S0.clone()
+    for i in range(t):
+        o, _ = gdn_tr.gdn_decode_step(q[i : i + 1], k[i : i + 1], v[i : i + 1], gate[i : i + 1], beta[i : i + 1], state, out=state)
+        assert (o[0] - o_chain[i]).abs().max() < 1e-4 and (state - states[i]).abs().max() < 1e-4, i
+    with pytest.raises(ValueError, match="one token"):
+        gdn_tr.gdn_decode_step(q[:2], k[:2], v[:2], gate[:2], beta[:2], S0)
+    with pytest.raises(ValueError, match="state"):
+        gdn_naive.gdn_decode_step(q[:1], k[:1], v[:1], gate[:1], beta[:1], S0[:, :8])
+    with pytest.raises(ValueError, match="out must be"):
+        gdn_tr.gdn_decode_step(q[:1], k[:1], v[:1], gate[:1], beta[:1], S0, out=S0.double())

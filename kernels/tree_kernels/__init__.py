@@ -33,6 +33,7 @@ __all__ = [
     "tree_conv_commit",
     "tree_gdn_fork",
     "tree_gdn_commit",
+    "gdn_decode_step",
     "rms_norm",
     "gated_rms_norm",
     "gdn_gates",
@@ -72,6 +73,17 @@ def tree_gdn_commit(stash, state, path):
 
         return impl.tree_gdn_commit(stash, state, path)
     return gdn_naive.tree_gdn_commit(stash, state, path)
+
+
+def gdn_decode_step(q, k, v, g, beta, state, scale=None, **tuning):
+    """One committed token (T = 1): (o, next state), the fork and the commit of a one-node tree in
+    one pass over the state. See tree_gdn/naive.py. ``tuning`` (Triton only): ``out`` (may be
+    ``state``: in place), ``block_v``, ``num_warps``."""
+    if use_triton(v) and _floats(q, k, v, g, beta, state):
+        from .tree_gdn import triton as impl
+
+        return impl.gdn_decode_step(q, k, v, g, beta, state, scale, **tuning)
+    return gdn_naive.gdn_decode_step(q, k, v, g, beta, state, scale)
 
 
 def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", **tuning):

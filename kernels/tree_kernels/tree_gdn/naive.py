@@ -34,6 +34,7 @@ __all__ = [
     "tree_gdn_slots",
     "gdn_step",
     "gdn_chain_sequential",
+    "gdn_decode_step",
 ]
 
 
@@ -136,6 +137,19 @@ def gdn_step(S, q, k, v, g, beta):
     S = S + k[..., :, None] * u[..., None, :]
     o = torch.einsum("bhkv,bhk->bhv", S, q)
     return o, S
+
+
+def gdn_decode_step(q, k, v, g, beta, state, scale=None):
+    """One committed token (T = 1, the AR step): the output and the next state in one go, where a
+    tree would fork and then commit. q, k [1, H, dk]; v [1, HV, dv]; g, beta [1, HV]; state
+    [HV, dk, dv]. Returns (o [1, HV, dv], new state [HV, dk, dv]) in the compute dtype."""
+    if v.dim() != 3 or v.shape[0] != 1:
+        raise ValueError(f"gdn_decode_step takes one token, got v {tuple(v.shape)}")
+    q, k, v, g, beta = _prep(q, k, v, g, beta, scale)
+    if state.shape != (v.shape[1], q.shape[-1], v.shape[-1]):
+        raise ValueError(f"state {tuple(state.shape)} does not fit HV={v.shape[1]}, dk={q.shape[-1]}, dv={v.shape[-1]}")
+    o, S = gdn_step(state.to(v.dtype)[None], q, k, v, g, beta)
+    return o, S[0]
 
 
 def gdn_chain_sequential(q, k, v, g, beta, state, scale=None):

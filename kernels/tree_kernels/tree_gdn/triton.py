@@ -22,6 +22,11 @@ nb x HV one-warp programs in parallel and read back, so the serial chain is dots
 Where the selection happens before the exponential (never exp(..) * mask, inf * 0 = NaN),
 padded rows and columns load zeros and are masked out of every store.
 
+decode: one committed token (the AR step), where fork + commit would read the state twice and
+write a stash: one program per (value head, block of BV value columns) loads its dk x BV tile of
+S once, and writes o and the next state (in place if asked):
+    S' = exp(g) S + k u^T,  u = beta (v - exp(g) S^T k),  o = S'^T (scale q)
+
 commit: one program per (value head, dk block, dv block):
     S_a = exp(G_a) S0 + sum_{m in path} exp(G_a - G_m) k_m u_m^T
 with the path either a device index tensor (cached across layers) or the range 0..P-1.
@@ -36,7 +41,7 @@ import triton.language as tl
 from .._triton_common import as_last_contiguous, dot_precision, launch_with_fallback, next_pow2, path_operand
 from .naive import TreeGDNStash
 
-__all__ = ["tree_gdn_fork", "tree_gdn_commit", "default_config"]
+__all__ = ["tree_gdn_fork", "tree_gdn_commit", "gdn_decode_step", "default_config"]
 
 
 @triton.jit
@@ -207,6 +212,33 @@ def _gdn_commit_kernel(
     tl.store(Out + j * DK * DV + offk[:, None] * DV + offv[None, :], acc, mask=km[:, None] & vm[None, :])
 
 
+@triton.jit
+def _gdn_decode_kernel(
+    Q, K, V, G, B, S, O, SOut,
+    r, HV, scale,
+    sq_h, sk_h, sv_h,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    j = tl.program_id(0)  # value head
+    kh = j // r  # the key head it reads
+    offk = tl.arange(0, BK)
+    offv = tl.program_id(1) * BV + tl.arange(0, BV)
+    km = offk < DK
+    vm = offv < DV
+    q = tl.load(Q + kh * sq_h + offk, mask=km, other=0.0).to(tl.float32) * scale
+    k = tl.load(K + kh * sk_h + offk, mask=km, other=0.0).to(tl.float32)
+    v = tl.load(V + j * sv_h + offv, mask=vm, other=0.0).to(tl.float32)
+    a = tl.exp(tl.load(G + j).to(tl.float32))
+    beta = tl.load(B + j).to(tl.float32)
+    tile = j * DK * DV + offk[:, None] * DV + offv[None, :]
+    tm = km[:, None] & vm[None, :]
+    st = tl.load(S + tile, mask=tm, other=0.0) * a
+    u = beta * (v - tl.sum(st * k[:, None], axis=0))
+    st = st + k[:, None] * u[None, :]
+    tl.store(O + j * DV + offv, tl.sum(st * q[:, None], axis=0), mask=vm)
+    tl.store(SOut + tile, st, mask=tm)  # each program owns its tile: SOut may be S itself
+
+
 def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
     """Block of nodes per solve step (BS), value columns per program (BV), warps.
 
@@ -320,3 +352,31 @@ def tree_gdn_commit(stash: TreeGDNStash, state, path, *, count: torch.Tensor | N
         PREC=dot_precision(torch.float32), DEVICE_COUNT=count is not None, num_warps=num_warps,
     )
     return out
+
+
+def gdn_decode_step(q, k, v, g, beta, state, scale=None, *, out: torch.Tensor | None = None,
+                    block_v: int | None = None, num_warps: int = 4):
+    """One committed token in one launch. Returns (o fp32 [1, HV, dv], the next state fp32 [HV, dk, dv]).
+
+    ``out`` may be ``state`` itself (an fp32 contiguous buffer): the state is updated in place."""
+    if v.dim() != 3 or v.shape[0] != 1:
+        raise ValueError(f"gdn_decode_step takes one token, got v {tuple(v.shape)}")
+    _check(q, k, v, g, beta, state, torch.ones(1, 1, dtype=torch.bool))
+    _, hv, dv = v.shape
+    h, dk = q.shape[1], q.shape[2]
+    scale = dk**-0.5 if scale is None else float(scale)
+    q, k, v = as_last_contiguous(q), as_last_contiguous(k), as_last_contiguous(v)
+    g, beta = g.reshape(hv).contiguous(), beta.reshape(hv).contiguous()
+    if out is None:
+        out = torch.empty(hv, dk, dv, dtype=torch.float32, device=v.device)
+    elif out.shape != (hv, dk, dv) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"gdn_decode_step: out must be a contiguous fp32 {(hv, dk, dv)} tensor, got {tuple(out.shape)} {out.dtype}")
+    src = state if (state.dtype == torch.float32 and state.is_contiguous()) else state.float().contiguous()
+    o = torch.empty(1, hv, dv, dtype=torch.float32, device=v.device)
+    bv = block_v or min(32, max(16, next_pow2(dv)))
+    _gdn_decode_kernel[(hv, triton.cdiv(dv, bv))](
+        q, k, v, g, beta, src, o, out,
+        hv // h, hv, scale, q.stride(1), k.stride(1), v.stride(1),
+        DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=bv, num_warps=num_warps,
+    )
+    return o, out
