@@ -424,6 +424,22 @@ def bench_decode_gdn(t: int, rep: int) -> dict:
     timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, anc), rep, graph=True)
     out = torch.empty_like(s0)
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(stash, s0, path, count=count, out=out), rep, graph=True)
+    if t == 1:  # the one-launch decode step that would replace fork + commit on the AR step
+        o_dec, s_dec = tg.gdn_decode_step(q, k, v, gate, beta, s0)
+        row["err_decode_o_vs_fp32_ref"] = err(o_dec, o_ref)
+        row["err_decode_state_vs_fp32_ref"] = err(s_dec, naive.gdn_decode_step(q, k, v.float(), gate, beta.float(), s0)[1])
+        dec_out = torch.empty_like(s0)
+        timed("triton_decode_step_ms", row, lambda: tg.gdn_decode_step(q, k, v, gate, beta, s0, out=dec_out), rep, graph=True)
+        row["decode_sweep"] = []
+        for bv, nw in ((32, 4), (64, 4), (16, 4), (16, 2), (32, 2), (16, 1)):
+            rec = {"BV": bv, "num_warps": nw}
+            try:
+                fn = lambda: tg.gdn_decode_step(q, k, v, gate, beta, s0, out=dec_out, block_v=bv, num_warps=nw)  # noqa: E731
+                rec["cold_graph_ms"] = cold_graph_ms(fn, 20)
+            except Exception as exc:
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            row["decode_sweep"].append(rec)
+            log(f"    decode step sweep {rec}")
     row["sweep"] = []
     for bv, nw in ((64, 4), (32, 4), (16, 4), (16, 2), (32, 2), (16, 1)):
         cfg = {"BS": 16, "BV": bv, "num_warps": nw}
@@ -726,7 +742,8 @@ ROWS = {
     "conv": [("triton", "triton_ms"), ("triton commit", "triton_commit_ms"), ("torch (reference)", "torch_ms"),
              ("torch commit (reference)", "torch_commit_ms")],
     "decode": [("triton (fast-path call)", "triton_ms"), ("sdpa decode, 1 query", "sdpa_decode_ms")],
-    "decode_gdn": [("triton fork", "triton_fork_ms"), ("triton commit", "triton_commit_ms")],
+    "decode_gdn": [("triton fork", "triton_fork_ms"), ("triton commit", "triton_commit_ms"),
+                   ("triton decode step", "triton_decode_step_ms")],
     "tree_build": [("triton (one program)", "triton_ms"), ("torch beam builder", "torch_beam_ms")],
 }
 ERRS = {"decode_gdn": "err_o_vs_fp32_ref", "gdn": "err_o_vs_fp32_ref", "attention": "err_vs_fp32_ref", "conv": "err_vs_fp32_ref", "decode": "err_vs_fp32_ref",
@@ -745,7 +762,8 @@ def table(result: dict) -> str:
                 b = key.replace("_ms", "")
                 note = ""
                 if key.startswith("triton") and "commit" not in key:
-                    e = row.get("err_single_launch_o_vs_fp32_ref" if "single_launch" in key else ERRS[sec], {})
+                    e = row.get("err_single_launch_o_vs_fp32_ref" if "single_launch" in key
+                            else "err_decode_o_vs_fp32_ref" if "decode_step" in key else ERRS[sec], {})
                     note = f"max err {fmt(e.get('max_abs'), '{:.2e}')} (rel {fmt(e.get('max_rel'), '{:.1e}')}) vs fp32 ref"
                 if row.get(key + "_error"):
                     note = row[key + "_error"][:60]
@@ -779,6 +797,10 @@ def ratios(result: dict) -> dict:
     out["conv_torch_over_triton"] = r(best_ms(c, "torch_ms"), tc_)
     dec = result.get("decode", {}).get("1", {})
     out["decode_attention_sdpa_over_triton"] = r(best_ms(dec, "sdpa_decode_ms"), best_ms(dec, "triton_ms"))
+    dg = result.get("decode_gdn", {}).get("1", {})
+    fork_commit = [best_ms(dg, "triton_fork_ms"), best_ms(dg, "triton_commit_ms")]
+    if all(isinstance(x, (int, float)) for x in fork_commit):
+        out["decode_gdn_fork_plus_commit_over_decode_step"] = r(sum(fork_commit), best_ms(dg, "triton_decode_step_ms"))
     for b, row in result.get("tree_build", {}).items():
         out[f"tree_build_{b}_torch_beam_over_triton"] = r(best_ms(row, "torch_beam_ms"), best_ms(row, "triton_ms"))
     gemm = result.get("gemm", {})
