@@ -19,7 +19,7 @@ from workbench.drafters.oracle import OracleDrafter, OracleSpec
 from workbench.engine import GenerationConfig, generate
 from workbench.fastpath import FastEngine, FastPathUnsupported
 from workbench.random_models import random_dflash, random_target
-from workbench.tree import build_ddtree, build_ddtree_static, compile_tree, follow, static_ancestor_mask, ancestor_mask
+from workbench.tree import build_ddtree, build_ddtree_static, compile_chain, compile_tree, follow, static_ancestor_mask, ancestor_mask
 from workbench.verify import walk_static
 
 
@@ -200,3 +200,33 @@ def test_queueing_the_next_round_before_recording_changes_nothing(eos, context):
         assert [r.target_top_tokens for r in overlapped.rounds] == [r.target_top_tokens for r in serial.rounds]
         assert [r.prefix_len for r in overlapped.rounds] == [r.prefix_len for r in serial.rounds]
     assert serial.stop_reason == {(None, 4096): "max_new_tokens", (7, 4096): "eos", (None, 40): "context"}[eos, context]
+
+
+def test_the_gdn_decode_step_on_the_ar_route_changes_no_token():
+    # a one-node tree may take the one-launch decode step instead of fork + commit: AR (reference
+    # engine and fast path, fork and unsafe) generates the same tokens, close logits; DDTree untouched
+    from workbench.verify import _StepPending, tree_recurrence, use_gdn_decode_step
+
+    target = random_target("hybrid", seed=9, vocab_size=300, eos_token_id=None)
+    prompt = list(range(30, 50))
+    for temperature in (0.0, 0.9):
+        cfg = GenerationConfig(method="ar", max_new_tokens=40, temperature=temperature, seed=1, trace_topk=2)
+        ref = generate(target, prompt, cfg)
+        with use_gdn_decode_step(True):
+            for mode in ("fork", "unsafe"):
+                c = GenerationConfig(method="ar", max_new_tokens=40, temperature=temperature, seed=1, trace_topk=2, recurrent=mode)
+                for got in (generate(target, prompt, c), FastEngine(target, None, c, max_len=120).generate(prompt)):
+                    assert got.generated_ids == ref.generated_ids, (temperature, mode)
+                    assert all(max(abs(a - b) for a, b in zip(x[0], y[0])) < 1e-4
+                               for x, y in zip([r.target_top_logprobs for r in got.rounds], [r.target_top_logprobs for r in ref.rounds]))
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.nn.functional.normalize(torch.randn(2, 1, 2, 8, generator=g), dim=-1)
+    v, gate, beta, S0 = torch.randn(1, 4, 8, generator=g), -torch.rand(1, 4, generator=g), torch.rand(1, 4, generator=g), torch.randn(4, 8, 8, generator=g)
+    one = compile_chain([5], 0)  # the AR step's one-node tree
+    with use_gdn_decode_step(True):
+        o, pending = tree_recurrence("fork", q, k, v, gate, beta, S0, one)
+    assert isinstance(pending, _StepPending)
+    o_ref, stash = gdn.tree_gdn_fork(q, k, v, gate, beta, S0, one.anc)
+    assert (o - o_ref).abs().max() < 1e-5 and (pending.commit([0]) - gdn.tree_gdn_commit(stash, S0, [0])).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="commits path"):
+        pending.commit([0, 1])

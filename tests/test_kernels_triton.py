@@ -458,6 +458,12 @@ def test_model_generation_with_triton_kernels_equals_ar():
         trace = generate(target, prompt, cfg, OracleDrafter(ref, target.config.vocab_size, spec))
     assert trace.generated_ids == ref[len(prompt) : len(prompt) + new]
     assert any(r.through_sibling for r in trace.rounds)  # accepted paths leave the first chain
+    # AR through the one-launch GDN decode step (interpreted Triton) generates the same text
+    from workbench.verify import use_gdn_decode_step
+
+    with tk.use_backend("triton"), use_gdn_decode_step(True):
+        ar_step = generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=new, trace_topk=0))
+    assert ar_step.generated_ids == ref[len(prompt) : len(prompt) + new]
 
 
 def test_file_in_a_fresh_interpreter():

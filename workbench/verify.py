@@ -14,7 +14,9 @@ for a fixed seed, every lossless method produces the very text AR sampling produ
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +29,25 @@ from .tree import CompiledTree, Tree, follow
 
 RECURRENT_MODES = ("fork", "unsafe", "paths", "slots")
 CHAIN_CHUNK = 64  # long chains (prefill) run fork chunk by chunk, one tree of <= 64 nodes each
+
+# A one-node tree (the AR step) in fork / unsafe may take the one-launch decode step (the state
+# read once, no stash) instead of fork + commit. Off by default until it is timed on the device
+# side by side (bench.e2e --decode-step); WORKBENCH_GDN_DECODE_STEP=1 or use_gdn_decode_step() turns it on.
+_decode_step = os.environ.get("WORKBENCH_GDN_DECODE_STEP", "0").lower() in ("1", "true", "on", "yes")
+
+
+def gdn_decode_step_enabled() -> bool:
+    return _decode_step
+
+
+@contextlib.contextmanager
+def use_gdn_decode_step(enabled: bool = True):
+    global _decode_step
+    old, _decode_step = _decode_step, bool(enabled)
+    try:
+        yield
+    finally:
+        _decode_step = old
 
 
 def check_mode(mode: str) -> str:
@@ -95,6 +116,24 @@ class _StashPending(PendingRecurrence):
 
 
 @dataclass
+class _StepPending(PendingRecurrence):
+    """A one-node tree run by the decode step: the only state to commit is already computed."""
+
+    next_state: torch.Tensor  # [HV, dk, dv]
+
+    def commit(self, path: list[int]) -> torch.Tensor:
+        if [int(n) for n in path] != [0]:
+            raise ValueError(f"a one-node tree commits path [0], got {list(path)}")
+        return self.next_state
+
+    def commit_static(self, path: torch.Tensor, count: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.next_state  # the walk of a one-node tree always accepts its root
+
+    def node_states(self) -> torch.Tensor:
+        return self.next_state[None]
+
+
+@dataclass
 class _StatesPending(PendingRecurrence):
     """paths / slots: every node's state is already there."""
 
@@ -119,9 +158,12 @@ def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=Non
         o, states = gdn_naive.tree_gdn_slots(q, k, v, g, beta, state, tree.parents, tree.depths, scale)
         return o, _StatesPending(states)
     check_mode(mode)
+    n = tree.size
+    if n == 1 and _decode_step:  # the AR step: fork and unsafe are the same one-token recurrence
+        o, next_state = tk.gdn_decode_step(q, k, v, g, beta, state, scale)
+        return o, _StepPending(next_state)
     flat = mode == "unsafe"
     anc = tree.flattened().anc if flat else tree.anc
-    n = tree.size
     if (tree.is_chain or flat) and n > CHAIN_CHUNK:
         outs, stashes, starts, start_states = [], [], [], []
         s = state

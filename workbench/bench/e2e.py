@@ -411,6 +411,11 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
 
         other = norm_variants(device)[1]
         out[other] = variant(other.replace("_", " "), tk.use_fused_norms(other == "fused_norms"))
+    if args.decode_step:  # the AR step's GDN layers through the one-launch decode step
+        from ..verify import gdn_decode_step_enabled, use_gdn_decode_step
+
+        out["gdn_decode_step"] = variant("gdn decode step " + ("off" if gdn_decode_step_enabled() else "on"),
+                                         use_gdn_decode_step(not gdn_decode_step_enabled()))
     # projection from measured acceptance (part 1, hybrid pair, T=0, fork)
     projection = {}
     for budget in args.budgets_27b:
@@ -449,6 +454,8 @@ def main(argv=None) -> dict:
     p.add_argument("--profile", action="store_true", help="27B dims: kernel time by category in the AR step (torch.profiler)")
     p.add_argument("--both-norms", action="store_true",
                    help="also time the other setting of the fused-norm switch (pairs at T=0; 27B AR step and 65-token verify)")
+    p.add_argument("--decode-step", action="store_true",
+                   help="27B dims: also the AR step and 65-token verify with the GDN decode-step switch the other way")
     p.add_argument("--serial-host", action="store_true",
                    help="pairs at T=0: also run with the host recording each round before queueing the next "
                         "(rows of variant <norms>/serial_host)")
