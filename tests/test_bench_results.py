@@ -24,6 +24,8 @@ def test_newest_with_each_part_across_split_runs(tmp_path):
     assert newest_e2e_with("qwen36_27b_dims", tmp_path) == big
     big.unlink()
     assert newest_e2e_with("qwen36_27b_dims", tmp_path) == old_both
+    (tmp_path / "e2e-c-truncated.json").write_text('{"date": "2026-12-04", "pairs"')  # a cut-short write
+    assert newest_e2e_with("pairs", tmp_path) == pairs  # skipped, not fatal
 
 
 def test_missing_part_and_unknown_part_name_the_problem(tmp_path):

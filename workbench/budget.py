@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from pathlib import Path
 
 import torch
 
+from .bench.results import RESULTS, e2e_results
+
 CANDIDATES = (8, 16, 32, 64, 128, 256)
-RESULTS = Path(__file__).resolve().parent.parent / "data" / "results"
 
 
 def _device_name(device: torch.device) -> str:
@@ -59,14 +59,7 @@ def measured_best_budget(target, drafter=None, results_dir: Path = RESULTS) -> t
     models = [target] + ([getattr(drafter, "model", drafter)] if drafter is not None else [])
     best = None
     variant = norms_variant(next(target.parameters()))  # the rows of the model variant this process runs
-    loaded = []
-    for path in results_dir.glob("e2e-*.json"):
-        try:
-            loaded.append((path, json.loads(path.read_text())))
-        except (OSError, json.JSONDecodeError):
-            continue
-    # the newest measurement that matches wins: by recorded date, then name (split runs of one day)
-    for path, result in sorted(loaded, key=lambda pr: (str(pr[1].get("date", "")), pr[0].name)):
+    for path, result in e2e_results(results_dir):  # oldest first: the newest match wins
         if result.get("device") != device or name not in result.get("pairs", {}):
             continue
         pair = result["pairs"][name]

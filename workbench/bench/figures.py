@@ -3,8 +3,8 @@
 Reads e2e results (``--e2e FILE ...``; by default the newest ``data/results/e2e-*.json`` with
 bundled-pair rows and the newest with 27B-dims timings, one file or two) and writes under
 ``data/results/figures/``: tokens/s vs budget for each bundled pair, and the Qwen3.6-27B-dims
-verify cost against tree tokens, each named after the file it came from. Needs plotly and a browser for PNG (``env/install-chromium.sh``);
-nothing here runs a model.
+verify cost against tree tokens, each named after the file it came from. Needs plotly and a
+browser for PNG (``env/install-chromium.sh``); nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from .results import newest_e2e_with
-
-RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
+from .results import RESULTS, newest_e2e_with
 
 
 def figures_for(result: dict, stem: str) -> list[tuple[object, str]]:

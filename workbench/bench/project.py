@@ -20,9 +20,7 @@ import sys
 from pathlib import Path
 
 from ..trace import write_json_atomic
-from .results import newest_e2e_with
-
-RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
+from .results import RESULTS, newest_e2e_with
 
 
 def project(e2e: dict, acceptance: dict, pair: str = "tiny-hybrid", mode: str = "fork") -> dict:

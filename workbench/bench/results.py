@@ -22,17 +22,26 @@ def has_part(result: dict, part: str) -> bool:
     raise ValueError(f"unknown e2e part {part!r} (pairs or qwen36_27b_dims)")
 
 
+def e2e_results(results: Path = RESULTS):
+    """Every readable ``e2e-*.json`` under ``results`` as (path, result), oldest first: by recorded
+    date, then name (split runs of one day). Unreadable files are skipped."""
+    loaded = []
+    for path in results.glob("e2e-*.json"):
+        try:
+            loaded.append((path, json.loads(path.read_text())))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(loaded, key=lambda pr: (str(pr[1].get("date", "")), pr[0].name))
+
+
 def newest_e2e_with(part: str, results: Path = RESULTS, dtype: str | None = "bfloat16") -> Path:
-    """The newest e2e result (by its recorded date, then name) that has ``part``.
+    """The newest e2e result that has ``part``.
 
     ``dtype`` keeps to runs in that precision (the fp32 exactness runs are not the speed figures);
     None takes any.
     """
-    candidates = []
-    for path in results.glob("e2e-*.json"):
-        result = json.loads(path.read_text())
-        if has_part(result, part) and (dtype is None or result.get("settings", {}).get("dtype") == dtype):
-            candidates.append((str(result.get("date", "")), path.name, path))
-    if not candidates:
+    matching = [path for path, result in e2e_results(results)
+                if has_part(result, part) and (dtype is None or result.get("settings", {}).get("dtype") == dtype)]
+    if not matching:
         raise FileNotFoundError(f"no e2e-*.json under {results} has a {part} part" + (f" in {dtype}" if dtype else ""))
-    return max(candidates)[2]
+    return matching[-1]
