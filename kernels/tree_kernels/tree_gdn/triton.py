@@ -257,7 +257,7 @@ def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
 _FALLBACK = [{"BS": 16, "BV": 32, "num_warps": 4}, {"BS": 16, "BV": 16, "num_warps": 4}]
 
 
-def _check(q, k, v, g, beta, state, anc):
+def _check(q, k, v, g, beta, state, anc=None):
     t, hv, dv = v.shape
     if q.shape != k.shape or q.dim() != 3 or q.shape[0] != t or g.shape != (t, hv) or beta.shape != (t, hv):
         raise ValueError(
@@ -267,8 +267,9 @@ def _check(q, k, v, g, beta, state, anc):
     h, dk = q.shape[1], q.shape[2]
     if hv % h:
         raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({h})")
-    if state.shape != (hv, dk, dv) or anc.shape != (t, t):
-        raise ValueError(f"state {tuple(state.shape)} / anc {tuple(anc.shape)} do not fit T={t}, HV={hv}, dk={dk}, dv={dv}")
+    if state.shape != (hv, dk, dv) or (anc is not None and anc.shape != (t, t)):
+        raise ValueError(f"state {tuple(state.shape)} / anc {None if anc is None else tuple(anc.shape)} "
+                         f"do not fit T={t}, HV={hv}, dk={dk}, dv={dv}")
 
 
 def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | None = None):
@@ -361,7 +362,7 @@ def gdn_decode_step(q, k, v, g, beta, state, scale=None, *, out: torch.Tensor | 
     ``out`` may be ``state`` itself (an fp32 contiguous buffer): the state is updated in place."""
     if v.dim() != 3 or v.shape[0] != 1:
         raise ValueError(f"gdn_decode_step takes one token, got v {tuple(v.shape)}")
-    _check(q, k, v, g, beta, state, torch.ones(1, 1, dtype=torch.bool))
+    _check(q, k, v, g, beta, state)  # one node: no ancestor mask
     _, hv, dv = v.shape
     h, dk = q.shape[1], q.shape[2]
     scale = dk**-0.5 if scale is None else float(scale)
