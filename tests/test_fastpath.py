@@ -219,6 +219,11 @@ def test_the_gdn_decode_step_on_the_ar_route_changes_no_token():
                     assert got.generated_ids == ref.generated_ids, (temperature, mode)
                     assert all(max(abs(a - b) for a, b in zip(x[0], y[0])) < 1e-4
                                for x, y in zip([r.target_top_logprobs for r in got.rounds], [r.target_top_logprobs for r in ref.rounds]))
+    drafter = DFlashDrafter(random_dflash(target, seed=3, block_size=6), target)
+    tree_cfg = GenerationConfig(method="ddtree", budget=8, max_new_tokens=24, trace_topk=0)
+    off = generate(target, prompt, tree_cfg, drafter)
+    with use_gdn_decode_step(True):  # trees of more than one node keep fork + commit
+        assert FastEngine(target, drafter, tree_cfg, max_len=120).generate(prompt).generated_ids == off.generated_ids
     g = torch.Generator().manual_seed(0)
     q, k = torch.nn.functional.normalize(torch.randn(2, 1, 2, 8, generator=g), dim=-1)
     v, gate, beta, S0 = torch.randn(1, 4, 8, generator=g), -torch.rand(1, 4, generator=g), torch.rand(1, 4, generator=g), torch.randn(4, 8, 8, generator=g)
