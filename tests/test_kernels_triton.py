@@ -174,8 +174,9 @@ def test_gdn_default_config_takes_the_prepare_launch_only_for_several_blocks():
     from tree_kernels.tree_gdn import triton as tg
 
     dev = torch.device("cpu")
-    assert not tg.default_config(16, 48, 128, dev).get("PRE_INVERSE", False)  # one diagonal block
-    big = tg.default_config(17, 48, 128, dev)
+    # one diagonal block after the peeled root
+    assert not tg.default_config(17, 48, 128, dev).get("PRE_INVERSE", False)
+    big = tg.default_config(18, 48, 128, dev)
     assert big["PRE_INVERSE"] and big["BS"] == 16 and big["BV"] == 32
     assert tg.default_config(64, 3, 12, dev)["BV"] == 16  # never wider than dv needs
     # the default on a tree of several blocks equals the single-launch kernel and the reference
@@ -183,6 +184,50 @@ def test_gdn_default_config_takes_the_prepare_launch_only_for_several_blocks():
     o_default, st_default = check_gdn(tree, (1, 3, 8, 12), seed=2, config=None)
     o_single, _ = check_gdn(tree, (1, 3, 8, 12), seed=2, config={"PRE_INVERSE": False})
     assert maxdiff(o_default, o_single) < 1e-5
+
+
+@pytest.mark.parametrize("n", [17, 33, 65])
+@pytest.mark.parametrize("pre", [False, True])
+def test_gdn_root_peel_equals_the_unpeeled_solve(n, pre):
+    """16 k + 1 nodes (a budget plus the root): peeled, the root's step runs in registers and the
+    blocks start at node 1; the result is the unpeeled solve's and the reference's."""
+    tree = random_tree(n, 8, seed=n, shape="mixed")
+    base = {"BS": 16, "BV": 16, "PRE_INVERSE": pre}
+    o_peel, st_peel = check_gdn(tree, (1, 3, 8, 12), seed=n, config=dict(base, ROOT_PEEL=True))
+    o_flat, st_flat = check_gdn(tree, (1, 3, 8, 12), seed=n, config=dict(base, ROOT_PEEL=False))
+    assert maxdiff(o_peel, o_flat) < 1e-5 and maxdiff(st_peel.u, st_flat.u) < 1e-5
+    assert maxdiff(st_peel.G, st_flat.G) < 1e-6 and maxdiff(st_peel.k, st_flat.k) == 0.0
+
+
+def _forest_anc(trees):
+    """Block-diagonal ancestor mask of several trees side by side: node 0 is not everyone's ancestor."""
+    ancs = [compile_tree(t, 0).anc for t in trees]
+    n = sum(a.shape[0] for a in ancs)
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    o = 0
+    for a in ancs:
+        anc[o:o + a.shape[0], o:o + a.shape[0]] = a
+        o += a.shape[0]
+    return anc
+
+
+@pytest.mark.parametrize("pre", [False, True])
+def test_gdn_fork_on_a_forest_is_exact(pre):
+    """The peel is chosen from the mask on the device: a forest (two roots) takes the unpeeled path
+    and still equals the reference; a single isolated node first, then a tree, and the reverse."""
+    for trees in ([random_tree(1, 1, seed=1), random_tree(24, 6, seed=2)],
+                  [random_tree(20, 6, seed=3), random_tree(14, 4, seed=4)]):
+        anc = _forest_anc(trees)
+        n = anc.shape[0]
+        q, k, v, gate, beta, s0 = gdn_inputs(n, 1, 3, 8, 12, seed=n)
+        o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, config={"BS": 16, "BV": 16, "PRE_INVERSE": pre})
+        o_ref, st_ref = gdn_naive.tree_gdn_fork(q, k, v, gate, beta, s0, anc)
+        assert maxdiff(o, o_ref) < 2e-5 and maxdiff(st.u, st_ref.u) < 2e-5 and maxdiff(st.G, st_ref.G) < 1e-5
+        second = len(trees[0])
+        path = [second + i for i in trees[1].path_to(len(trees[1]) - 1)]
+        s = gdn_tr.tree_gdn_commit(st, s0, path)
+        _, seq = gdn_naive.gdn_chain_sequential(q[path], k[path], v[path], gate[path], beta[path], s0)
+        assert maxdiff(s, seq[-1]) < 1e-4
 
 
 def test_gdn_model_dtypes():

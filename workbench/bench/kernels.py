@@ -237,6 +237,11 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
     o_single, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=single)
     row["err_single_launch_o_vs_fp32_ref"] = err(o_single, o_ref)
     timed("triton_fork_single_launch_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=single), rep, graph=True)
+    # the default with the root not peeled (blocks from node 0): the ratio for trees of 16 k + 1 nodes
+    no_peel = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), ROOT_PEEL=False)
+    o_np, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=no_peel)
+    row["err_no_peel_o_vs_fp32_ref"] = err(o_np, o_ref)
+    timed("triton_fork_no_peel_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=no_peel), rep, graph=True)
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(st, s0, path_t), rep, graph=True)
     if sweep and t == 64:
         row["sweep"] = []
@@ -785,6 +790,9 @@ def ratios(result: dict) -> dict:
     tg_, ta_, tc_ = best_ms(g, "triton_fork_ms"), best_ms(a, "triton_ms"), best_ms(c, "triton_ms")
     out["gdn_fork_ms_over_target_0.05"] = r(tg_, TARGETS_MS["gdn"])
     out["gdn_single_launch_over_default"] = r(best_ms(g, "triton_fork_single_launch_ms"), tg_)
+    for size in ("17", "33", "65", "129"):  # 16 k + 1 nodes: where the peeled root saves a block
+        gs = result.get("gdn", {}).get(size, {})
+        out[f"gdn_no_peel_over_default_{size}"] = r(best_ms(gs, "triton_fork_no_peel_ms"), best_ms(gs, "triton_fork_ms"))
     out["gdn_fla_chunk_over_triton"] = r(best_ms(g, "fla_chunk_ms"), tg_)
     out["gdn_fla_fused_recurrent_over_triton"] = r(best_ms(g, "fla_fused_recurrent_ms"), tg_)
     out["gdn_slot_copy_over_triton"] = r(best_ms(g, "slot_copy_ms"), tg_)

@@ -18,6 +18,11 @@ cheap next to the K S0 / Q S0 products, which are split across the value-column 
 Variant ``PRE_INVERSE`` (a second launch before the solve; the default for trees of more than one
 block since its H200 measurement): G and the inverses of the diagonal blocks are computed by
 nb x HV one-warp programs in parallel and read back, so the serial chain is dots and loads only.
+Root peel (the default): a draft tree's node 0 is an ancestor of every node, so its step is the
+decode step on the program's [dk, BV] tile in registers, and the blocks start at node 1 from that
+state with gates relative to the root. A tree of 16 k + 1 nodes (budget 16 k plus the root) is then
+k blocks, not k + 1 with a last block of one node; the serial chain grows as blocks^2 / 2. The
+kernel reads whether the mask is rooted from the mask, so forests take the unpeeled path.
 
 Where the selection happens before the exponential (never exp(..) * mask, inf * 0 = NaN),
 padded rows and columns load zeros and are masked out of every store.
@@ -72,26 +77,46 @@ def _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS: tl.constexp
 
 
 @triton.jit
+def _root_offset(Anc, T, sa_n, BS: tl.constexpr):
+    """1 when node 0 is an ancestor of every node (every draft tree: its root is the last committed
+    token), else 0. Read from the mask itself, so a forest or any other ancestor mask stays exact."""
+    ar = tl.arange(0, BS)
+    m = 1
+    for c in range(0, tl.cdiv(T, BS)):
+        rows = c * BS + ar
+        a = tl.load(Anc + rows * sa_n, mask=rows < T, other=1)
+        m = tl.minimum(m, tl.min((a != 0).to(tl.int32), axis=0))
+    return m
+
+
+@triton.jit
 def _gdn_prepare_kernel(
     K, Gin, Beta, Anc,  # inputs
     SG, Inv,  # outputs: G [T, HV] (the stash's), (I + L_bb)^-1 per diagonal block [nb, HV, BS, BS]
     T, R, HV,
     sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
-    DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
+    DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, PEEL: tl.constexpr,
 ):
     """Everything of the solve that depends only on k, g and beta, one program per (block, value
     head): the block's path-summed gates and the inverse of its diagonal block. Off the serial
     u recursion, run by nb x HV small programs in parallel (one warp each by default, so the
-    forward substitution's row reductions stay inside a warp)."""
+    forward substitution's row reductions stay inside a warp). With a peeled root the blocks
+    start at node 1, as in the solve."""
     b = tl.program_id(0)
     j = tl.program_id(1)
     hk = j // R
     ar = tl.arange(0, BS)
-    rows = b * BS + ar
+    r0 = 0
+    if PEEL:
+        r0 = _root_offset(Anc, T, sa_n, BS)
+        # the root's own path sum (its only ancestor is itself)
+        tl.store(SG + ar * HV + j, tl.load(Gin + ar * sg_t + j * sg_h, mask=ar == 0, other=0.0).to(tl.float32),
+                 mask=(ar == 0) & ((ar * 0 + r0) == 1) & ((ar * 0 + b) == 0))
+    rows = r0 + b * BS + ar
     rm = rows < T
     offk = tl.arange(0, BK)
     kmask = offk < DK
-    Gb = _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1)
+    Gb = _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1 + r0)
     tl.store(SG + rows * HV + j, Gb, mask=rm)
     kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
     bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
@@ -110,7 +135,7 @@ def _gdn_fork_kernel(
     T, R, HV, scale,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    PREC: tl.constexpr, PRE: tl.constexpr,
+    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr,
 ):
     j = tl.program_id(0)  # value head
     iv = tl.program_id(1)  # block of value columns
@@ -134,20 +159,45 @@ def _gdn_fork_kernel(
     # the committed state's slice this program needs, [BK, BV]
     s0 = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
 
+    # ---- the root, peeled: when node 0 is an ancestor of every node (any draft tree) its step is
+    # the decode step on this program's full-dk tile, in registers; the blocks then start at node 1
+    # from the root's state, with the gates taken relative to the root (exp(G_n - G_0)). A tree of
+    # 16 k + 1 nodes is then k blocks, not k + 1 (the last one holding a single node).
+    r0 = 0
+    g_base = 0.0
+    if PEEL:
+        r0 = _root_offset(Anc, T, sa_n, BS)
+        k0 = tl.load(K + hk * sk_h + offk, mask=kmask, other=0.0).to(tl.float32)
+        q0 = tl.load(Q + hk * sq_h + offk, mask=kmask, other=0.0).to(tl.float32) * scale
+        v0 = tl.load(V + j * sv_h + offv, mask=vmask, other=0.0).to(tl.float32)
+        b0 = tl.load(Beta + j * sb_h).to(tl.float32)
+        G0 = tl.load(SG + j)  # the root's path sum: its own gate
+        e0 = tl.exp(G0)
+        u0 = b0 * (v0 - e0 * tl.sum(s0 * k0[:, None], axis=0))
+        s1 = e0 * s0 + k0[:, None] * u0[None, :]
+        # masks broadcast from the offsets (a scalar condition in a mask trips the interpreter)
+        peeled_v = vmask & ((offv * 0 + r0) == 1)
+        tl.store(SU + j * DV + offv, u0, mask=peeled_v)
+        tl.store(O + j * DV + offv, tl.sum(s1 * q0[:, None], axis=0), mask=peeled_v)
+        tl.store(SK + j * DK + offk, k0, mask=kmask & ((offk * 0 + r0) == 1) & ((offk * 0 + iv) == 0))
+        s0 = tl.where((offk[:, None] * 0 + offv[None, :] * 0 + r0) == 1, s1, s0)
+        g_base = G0 * r0
+        nb = tl.cdiv(T - r0, BS)
+
     # ---- phase 1: blocked forward substitution over the nodes
     for b in range(0, nb):
-        rows = b * BS + ar
+        rows = r0 + b * BS + ar
         rm = rows < T
         kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
         qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
         vb = tl.load(V + rows[:, None] * sv_t + j * sv_h + offv[None, :], mask=rm[:, None] & vmask[None, :], other=0.0).to(tl.float32)
         bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
         Gb = tl.load(SG + rows * HV + j, mask=rm, other=0.0)
-        eGb = tl.exp(Gb)
+        eGb = tl.exp(Gb - g_base)
         rhs = bb[:, None] * (vb - eGb[:, None] * tl.dot(kb, s0, input_precision=PREC))
         ob = eGb[:, None] * tl.dot(qb, s0, input_precision=PREC)
         for c in range(0, b):
-            cols = c * BS + ar
+            cols = r0 + c * BS + ar
             cm = cols < T
             kc = tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
             uc = tl.load(SU + cols[:, None] * (HV * DV) + j * DV + offv[None, :], mask=cm[:, None] & vmask[None, :], other=0.0)
@@ -245,13 +295,15 @@ def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
     BS = 64 needs more than the 227 KiB of shared memory an H200 block may use (measured:
     263-271 KiB with BK = 128, BV = 64), so trees are solved in blocks of 16 by default.
     """
-    if t > 16:
-        # several diagonal blocks: the parallel prepare launch takes their inverses off the serial
-        # chain; measured on the H200 at 27B dims, T = 64: 72.8 us with BV = 32 against 105 us for
-        # the single-launch kernel (BV = 64; 102 us with BV = 32). A single block gains nothing.
-        return {"BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True, "prep_warps": 1}
+    if t > 17:
+        # several diagonal blocks (after the peeled root): the parallel prepare launch takes their
+        # inverses off the serial chain; measured on the H200 at 27B dims, T = 64: 72.8 us with
+        # BV = 32 against 105 us for the single-launch kernel (BV = 64; 102 us with BV = 32). A
+        # single block gains nothing.
+        return {"BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True,
+                "prep_warps": 1, "ROOT_PEEL": True}
     bv = min(64, max(16, next_pow2(dv)))
-    return {"BS": 16, "BV": bv, "num_warps": 4}
+    return {"BS": 16, "BV": bv, "num_warps": 4, "ROOT_PEEL": True}
 
 
 _FALLBACK = [{"BS": 16, "BV": 32, "num_warps": 4}, {"BS": 16, "BV": 16, "num_warps": 4}]
@@ -277,7 +329,10 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
 
     ``config``: ``BS``, ``BV``, ``num_warps``; ``PRE_INVERSE=True`` adds a launch before the solve
     (``_gdn_prepare_kernel``: the gates and the diagonal blocks' inverses, nb x HV programs of
-    ``prep_warps`` warps) so the solve's serial chain no longer holds the forward substitutions.
+    ``prep_warps`` warps) so the solve's serial chain no longer holds the forward substitutions;
+    ``ROOT_PEEL`` (default True): when node 0 is an ancestor of every node, its step is taken in
+    registers and the blocks start at node 1 (checked on the device from ``anc``, so any mask
+    stays exact).
     """
     _check(q, k, v, g, beta, state, anc)
     t, hv, dv = v.shape
@@ -299,6 +354,7 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
         bv = min(c["BV"], max(16, next_pow2(dv)))
         bs = c["BS"]
         pre = bool(c.get("PRE_INVERSE", False))
+        peel = bool(c.get("ROOT_PEEL", True))
         prec = dot_precision(torch.float32)
         inv = sg  # unused unless pre
         if pre:
@@ -307,18 +363,18 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
             _gdn_prepare_kernel[(nb, hv)](
                 k, g, beta, a8, sg, inv, t, hv // h, hv,
                 k.stride(0), k.stride(1), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
-                DK=dk, BK=bk, BS=bs, PREC=prec, num_warps=c.get("prep_warps", 1),
+                DK=dk, BK=bk, BS=bs, PREC=prec, PEEL=peel, num_warps=c.get("prep_warps", 1),
             )
         _gdn_fork_kernel[(hv, triton.cdiv(dv, bv))](
             q, k, v, g, beta, state, a8, inv, o, sk, su, sg,
             t, hv // h, hv, scale,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
-            DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre,
+            DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre, PEEL=peel,
             num_warps=c["num_warps"],
         )
 
-    fallback = [dict(f, PRE_INVERSE=cfg.get("PRE_INVERSE", False)) for f in _FALLBACK]
+    fallback = [dict(f, PRE_INVERSE=cfg.get("PRE_INVERSE", False), ROOT_PEEL=cfg.get("ROOT_PEEL", True)) for f in _FALLBACK]
     launch_with_fallback(launch, [cfg] + fallback, ("gdn_fork", dk, dv, str(dev)))
     return o, TreeGDNStash(k=sk, u=su, G=sg)
 
