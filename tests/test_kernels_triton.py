@@ -126,11 +126,11 @@ def gdn_inputs(t, h, r, dk, dv, seed, vdtype=torch.float32):
     return q, k, v, gate, beta, s0
 
 
-def check_gdn(tree, shape, seed, config=None, vdtype=torch.float32, tol=2e-5, rooted=False):
+def check_gdn(tree, shape, seed, config=None, vdtype=torch.float32, tol=2e-5):
     c = compile_tree(tree, 0)
     n = len(tree)
     q, k, v, gate, beta, s0 = gdn_inputs(n, *shape, seed=seed, vdtype=vdtype)
-    o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=config, rooted=rooted)
+    o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=config)
     o_ref, st_ref = gdn_naive.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
     assert o.dtype == torch.float32 and st.u.dtype == torch.float32
     assert maxdiff(o, o_ref) < tol
@@ -177,12 +177,11 @@ def test_gdn_default_config_takes_the_prepare_launch_only_for_several_blocks():
     dev = torch.device("cpu")
     # one diagonal block after the peeled root
     assert not tg.default_config(17, 48, 128, dev).get("PRE_INVERSE", False)
-    assert tg.default_config(18, 48, 128, dev)["DENSE"]  # 18..64 nodes: the dense tile
-    big = tg.default_config(65, 48, 128, dev)  # not promised rooted: does not fit the tile
-    assert big["PRE_INVERSE"] and big["BS"] == 16 and big["BV"] == 32 and "DENSE" not in big
+    big = tg.default_config(18, 48, 128, dev)
+    assert big["PRE_INVERSE"] and big["BS"] == 16 and big["BV"] == 32
     assert tg.default_config(64, 3, 12, dev)["BV"] == 16  # never wider than dv needs
     # the default on a tree of several blocks equals the single-launch kernel and the reference
-    tree = random_tree(80, 6, seed=9)
+    tree = random_tree(40, 6, seed=9)
     o_default, st_default = check_gdn(tree, (1, 3, 8, 12), seed=2, config=None)
     o_single, _ = check_gdn(tree, (1, 3, 8, 12), seed=2, config={"PRE_INVERSE": False})
     assert maxdiff(o_default, o_single) < 1e-5
@@ -201,32 +200,6 @@ def test_gdn_root_peel_equals_the_unpeeled_solve(n, pre):
     assert maxdiff(st_peel.G, st_flat.G) < 1e-6 and maxdiff(st_peel.k, st_flat.k) == 0.0
 
 
-@pytest.mark.parametrize("n,depth,shape", [(18, 4, "mixed"), (33, 2, "wide"), (40, 16, "deep"), (64, 16, "mixed"),
-                                           (65, 16, "mixed"), (65, 64, "deep")])
-def test_gdn_dense_variant_matches_reference_and_blocked(n, depth, shape):
-    """The dense variant (one per-head launch inverts I + L over all nodes after the root; the
-    solve is four dots) against the reference and the blocked solve; 65 nodes only with rooted."""
-    tree = random_tree(n, depth, seed=3 * n, shape=shape)
-    rooted = n == 65
-    assert gdn_tr.dense_tile(n, rooted) is not None and gdn_tr.default_config(n, 3, 12, torch.device("cpu"), rooted)["DENSE"]
-    o_dense, st_dense = check_gdn(tree, (1, 3, 8, 12), seed=n, config={"DENSE": True, "BV": 16}, rooted=rooted)
-    o_blk, st_blk = check_gdn(tree, (1, 3, 8, 12), seed=n, config={"BS": 16, "BV": 16, "PRE_INVERSE": True})
-    assert maxdiff(o_dense, o_blk) < 2e-5 and maxdiff(st_dense.u, st_blk.u) < 2e-5
-    assert maxdiff(st_dense.G, st_blk.G) < 1e-6 * max(1.0, st_blk.G.abs().max().item())
-    check_gdn(tree, (3, 3, 12, 20), seed=n + 1, config=None, rooted=rooted)  # the default picks it
-
-
-def test_gdn_dense_tile_and_the_rooted_promise():
-    assert gdn_tr.dense_tile(65, rooted=False) is None and gdn_tr.dense_tile(65, rooted=True) == 64
-    assert gdn_tr.dense_tile(64, rooted=False) == 64 and gdn_tr.dense_tile(18, rooted=False) == 32
-    assert "DENSE" not in gdn_tr.default_config(65, 48, 128, torch.device("cpu"))  # not rooted: blocked
-    assert "DENSE" not in gdn_tr.default_config(130, 48, 128, torch.device("cpu"), rooted=True)
-    forest = _forest_anc([random_tree(20, 6, seed=3), random_tree(14, 4, seed=4)])
-    q, k, v, gate, beta, s0 = gdn_inputs(34, 1, 3, 8, 12, seed=0)
-    with pytest.raises(ValueError, match="rooted=True"):
-        gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, forest, rooted=True)
-
-
 def _forest_anc(trees):
     """Block-diagonal ancestor mask of several trees side by side: node 0 is not everyone's ancestor."""
     ancs = [compile_tree(t, 0).anc for t in trees]
@@ -239,7 +212,7 @@ def _forest_anc(trees):
     return anc
 
 
-@pytest.mark.parametrize("pre", [False, True, "dense"])
+@pytest.mark.parametrize("pre", [False, True])
 def test_gdn_fork_on_a_forest_is_exact(pre):
     """The peel is chosen from the mask on the device: a forest (two roots) takes the unpeeled path
     and still equals the reference; a single isolated node first, then a tree, and the reverse."""
@@ -248,8 +221,7 @@ def test_gdn_fork_on_a_forest_is_exact(pre):
         anc = _forest_anc(trees)
         n = anc.shape[0]
         q, k, v, gate, beta, s0 = gdn_inputs(n, 1, 3, 8, 12, seed=n)
-        cfg = {"DENSE": True, "BV": 16} if pre == "dense" else {"BS": 16, "BV": 16, "PRE_INVERSE": pre}
-        o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, config=cfg)
+        o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, config={"BS": 16, "BV": 16, "PRE_INVERSE": pre})
         o_ref, st_ref = gdn_naive.tree_gdn_fork(q, k, v, gate, beta, s0, anc)
         assert maxdiff(o, o_ref) < 2e-5 and maxdiff(st.u, st_ref.u) < 2e-5 and maxdiff(st.G, st_ref.G) < 1e-5
         second = len(trees[0])

@@ -171,16 +171,14 @@ def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=Non
         s = state
         for lo in range(0, n, CHAIN_CHUNK):
             hi = min(n, lo + CHAIN_CHUNK)
-            o, stash = tk.tree_gdn_fork(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], s, anc[lo:hi, lo:hi], scale,
-                                        rooted=True)
+            o, stash = tk.tree_gdn_fork(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], s, anc[lo:hi, lo:hi], scale)
             outs.append(o)
             stashes.append(stash)
             starts.append(lo)
             start_states.append(s)
             s = tk.tree_gdn_commit(stash, s, torch.arange(hi - lo, device=v.device))
         return torch.cat(outs), _StashPending(stashes, start_states, starts, anc, True)
-    # rooted: node 0 of a Tree (and of its flattened chain) is an ancestor of every node
-    o, stash = tk.tree_gdn_fork(q, k, v, g, beta, state, anc, scale, rooted=True)
+    o, stash = tk.tree_gdn_fork(q, k, v, g, beta, state, anc, scale)
     return o, _StashPending([stash], [state], [0], anc, flat)
 
 

@@ -57,8 +57,7 @@ def _floats(*xs) -> bool:
 def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, **tuning):
     """Exact ancestor-masked gated delta rule. See tree_gdn/naive.py. Returns (o fp32, stash).
 
-    ``tuning`` (Triton only): ``config={"BS": ..., "BV": ..., "num_warps": ...}``, ``rooted=True``
-    (node 0 is an ancestor of every node: lets 65 nodes take the dense 64 tile).
+    ``tuning`` (Triton only): ``config={"BS": ..., "BV": ..., "num_warps": ...}``.
     """
     if use_triton(v) and _floats(q, k, v, g, beta, state):
         from .tree_gdn import triton as impl

@@ -218,10 +218,10 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
     path = deepest_path(tree)
     path_t = torch.tensor(path, device=dev)
     row: dict = {"nodes": len(tree), "max_depth": tree.max_depth, "path_len": len(path),
-                 "default_config": tg.default_config(t, GDN["hv"], GDN["dv"], dev, rooted=True)}
+                 "default_config": tg.default_config(t, GDN["hv"], GDN["dv"], dev)}
     log(f"  GDN T={t}")
     # correctness vs the fp32 reference on the same inputs
-    o, st = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, rooted=True)  # a draft tree: rooted
+    o, st = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
     o_ref, st_ref = naive.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
     s_commit = tg.tree_gdn_commit(st, s0, path_t)
     s_ref = naive.tree_gdn_commit(st_ref, s0, path)
@@ -231,19 +231,14 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
     row["err_o_torch_ref_vs_fp64_paths"] = err(o_ref, o_paths)
     row["err_commit_vs_fp32_ref"] = err(s_commit, s_ref)
     row["err_u_vs_fp32_ref"] = err(st.u, st_ref.u)
-    timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, rooted=True), rep, graph=True)
-    # the blocked solve (the default before the dense tile), peeled and not: the ratios for trees
-    # of 16 k + 1 nodes
-    blocked = {"DENSE": False, "BS": 16, "BV": 32, "num_warps": 4, "PRE_INVERSE": t > 17, "prep_warps": 1, "ROOT_PEEL": True}
-    o_blk, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=blocked)
-    row["err_blocked_o_vs_fp32_ref"] = err(o_blk, o_ref)
-    timed("triton_fork_blocked_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=blocked), rep, graph=True)
+    timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc), rep, graph=True)
     # the single-launch kernel (the default before PRE_INVERSE was measured), for the ratio
-    single = {"DENSE": False, "PRE_INVERSE": False, "BV": 64}
+    single = {"PRE_INVERSE": False, "BV": 64}
     o_single, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=single)
     row["err_single_launch_o_vs_fp32_ref"] = err(o_single, o_ref)
     timed("triton_fork_single_launch_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=single), rep, graph=True)
-    no_peel = dict(blocked, ROOT_PEEL=False)
+    # the default with the root not peeled (blocks from node 0): the ratio for trees of 16 k + 1 nodes
+    no_peel = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), ROOT_PEEL=False)
     o_np, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=no_peel)
     row["err_no_peel_o_vs_fp32_ref"] = err(o_np, o_ref)
     timed("triton_fork_no_peel_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=no_peel), rep, graph=True)
@@ -252,10 +247,8 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
         row["sweep"] = []
         # around the default (PRE_INVERSE, BS 16, BV 32, 4 warps); the earlier sweeps (BS 32 is 6-11x
         # slower, BV 128 slower) are in the committed kernels-*.json
-        # the dense tile (the default) by value block, solve warps and prepare warps; the blocked
-        # solve's own sweep (BV 32, 4 warps, one-warp prepare best) is in kernels-*-2026-12-02*.json
-        sweep_cfgs = [{"DENSE": True, "BV": bv, "num_warps": nw, "prep_warps": pw}
-                      for bv, nw, pw in ((32, 4, 4), (16, 4, 4), (64, 4, 4), (16, 2, 4), (32, 8, 4), (64, 8, 4), (32, 4, 8), (32, 4, 2))]
+        sweep_cfgs = [{"BS": 16, "BV": bv, "num_warps": nw, "PRE_INVERSE": True, "prep_warps": pw}
+                      for bv, nw, pw in ((32, 4, 1), (16, 4, 1), (16, 2, 1), (32, 2, 1), (32, 8, 1), (64, 8, 1), (16, 8, 1), (32, 4, 2))]
         for cfg in sweep_cfgs:
             rec = dict(cfg)
             try:
@@ -745,7 +738,7 @@ def floors(bw_gbs: float, prefix: int) -> dict:
 
 
 ROWS = {
-    "gdn": [("triton fork", "triton_fork_ms"), ("triton fork, single launch", "triton_fork_single_launch_ms"), ("triton fork, blocked", "triton_fork_blocked_ms"), ("triton fork, blocked unpeeled", "triton_fork_no_peel_ms"), ("triton commit", "triton_commit_ms"), ("torch fork (reference)", "torch_fork_ms"),
+    "gdn": [("triton fork", "triton_fork_ms"), ("triton fork, single launch", "triton_fork_single_launch_ms"), ("triton commit", "triton_commit_ms"), ("torch fork (reference)", "torch_fork_ms"),
             ("torch commit (reference)", "torch_commit_ms"), ("torch slots (baseline)", "torch_slots_ms"),
             ("slot copy: T states r+w", "slot_copy_ms"), ("fla chunk (chain of T)", "fla_chunk_ms"),
             ("fla fused_recurrent (chain)", "fla_fused_recurrent_ms")],
@@ -799,8 +792,7 @@ def ratios(result: dict) -> dict:
     out["gdn_single_launch_over_default"] = r(best_ms(g, "triton_fork_single_launch_ms"), tg_)
     for size in ("17", "33", "65", "129"):  # 16 k + 1 nodes: where the peeled root saves a block
         gs = result.get("gdn", {}).get(size, {})
-        out[f"gdn_no_peel_over_blocked_{size}"] = r(best_ms(gs, "triton_fork_no_peel_ms"), best_ms(gs, "triton_fork_blocked_ms"))
-        out[f"gdn_blocked_over_default_{size}"] = r(best_ms(gs, "triton_fork_blocked_ms"), best_ms(gs, "triton_fork_ms"))
+        out[f"gdn_no_peel_over_default_{size}"] = r(best_ms(gs, "triton_fork_no_peel_ms"), best_ms(gs, "triton_fork_ms"))
     out["gdn_fla_chunk_over_triton"] = r(best_ms(g, "fla_chunk_ms"), tg_)
     out["gdn_fla_fused_recurrent_over_triton"] = r(best_ms(g, "fla_fused_recurrent_ms"), tg_)
     out["gdn_slot_copy_over_triton"] = r(best_ms(g, "slot_copy_ms"), tg_)

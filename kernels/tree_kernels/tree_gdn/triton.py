@@ -227,103 +227,6 @@ def _gdn_fork_kernel(
         tl.debug_barrier()  # u_b is read back by later blocks (other threads of this program)
 
 
-@triton.jit
-def _gdn_dense_prepare_kernel(
-    Q, K, Gin, Beta, Anc,  # inputs
-    SG, A, P,  # outputs: G [T, HV] (the stash's); per value head A = (I + L)^-1 and P = M A, [HV, BT, BT]
-    T, R, HV, scale,
-    sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
-    DK: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
-):
-    """The dense variant's half that does not touch v or the state, one program per value head:
-    over the nodes after the peeled root (at most BT of them), the gates relative to the root,
-    L (strict, beta exp(G_n - G_m) k_n.k_m), its inverse by forward substitution over the whole
-    tile, M (ancestor-or-self, exp(G_n - G_m) scale q_n.k_m) and P = M (I + L)^-1."""
-    j = tl.program_id(0)
-    hk = j // R
-    r0 = _root_offset(Anc, T, sa_n, 16)
-    ar = tl.arange(0, BT)
-    rows = r0 + ar
-    rm = rows < T
-    offk = tl.arange(0, BK)
-    kmask = offk < DK
-    a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
-    gc = tl.load(Gin + rows * sg_t + j * sg_h, mask=rm, other=0.0).to(tl.float32)
-    g_rel = tl.sum(tl.where(a, gc[None, :], 0.0), axis=1)  # path sums below the root
-    g_root = tl.load(Gin + j * sg_h).to(tl.float32) * r0  # every node's ancestor when peeled
-    tl.store(SG + rows * HV + j, g_rel + g_root, mask=rm)
-    tl.store(SG + ar * HV + j, g_root + ar * 0.0, mask=(ar == 0) & ((ar * 0 + r0) == 1))
-    kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-    qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
-    bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
-    dec = tl.exp(tl.where(a, g_rel[:, None] - g_rel[None, :], float("-inf")))  # select before exp
-    kbt = tl.trans(kb)
-    strict = a & (ar[:, None] != ar[None, :])
-    L = tl.where(strict, bb[:, None] * dec * tl.dot(kb, kbt, input_precision=PREC), 0.0)
-    inv = _unit_lower_inverse(L, BT)
-    M = tl.where(a, dec * tl.dot(qb, kbt, input_precision=PREC), 0.0)
-    tile = j * BT * BT + ar[:, None] * BT + ar[None, :]
-    tl.store(A + tile, inv)
-    tl.store(P + tile, tl.dot(M, inv, input_precision=PREC))
-
-
-@triton.jit
-def _gdn_dense_fork_kernel(
-    Q, K, V, Beta, S0, Anc, SG, A, P,  # inputs (SG, A, P from the dense prepare launch)
-    O, SK, SU,  # outputs: o [T, HV, DV], stash k [T, HV, DK], u [T, HV, DV]
-    T, R, HV, scale,
-    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sb_t, sb_h, sa_n,
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """The dense variant's solve, one program per (value head, block of value columns), no serial
-    chain: the root peeled in registers, then over the other nodes at once
-        rhs = beta (v - exp(G') K S_root),  u = A rhs,  o = exp(G') Q S_root + P rhs."""
-    j = tl.program_id(0)
-    iv = tl.program_id(1)
-    hk = j // R
-    ar = tl.arange(0, BT)
-    offk = tl.arange(0, BK)
-    kmask = offk < DK
-    offv = iv * BV + tl.arange(0, BV)
-    vmask = offv < DV
-    s0 = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
-    r0 = _root_offset(Anc, T, sa_n, 16)
-    k0 = tl.load(K + hk * sk_h + offk, mask=kmask, other=0.0).to(tl.float32)
-    q0 = tl.load(Q + hk * sq_h + offk, mask=kmask, other=0.0).to(tl.float32) * scale
-    v0 = tl.load(V + j * sv_h + offv, mask=vmask, other=0.0).to(tl.float32)
-    b0 = tl.load(Beta + j * sb_h).to(tl.float32)
-    G0 = tl.load(SG + j)
-    e0 = tl.exp(G0)
-    u0 = b0 * (v0 - e0 * tl.sum(s0 * k0[:, None], axis=0))
-    s1 = e0 * s0 + k0[:, None] * u0[None, :]
-    peeled_v = vmask & ((offv * 0 + r0) == 1)
-    tl.store(SU + j * DV + offv, u0, mask=peeled_v)
-    tl.store(O + j * DV + offv, tl.sum(s1 * q0[:, None], axis=0), mask=peeled_v)
-    tl.store(SK + j * DK + offk, k0, mask=kmask & ((offk * 0 + r0) == 1) & ((offk * 0 + iv) == 0))
-    s0 = tl.where((offk[:, None] * 0 + offv[None, :] * 0 + r0) == 1, s1, s0)
-    g_base = G0 * r0
-
-    rows = r0 + ar
-    rm = rows < T
-    kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-    qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
-    vb = tl.load(V + rows[:, None] * sv_t + j * sv_h + offv[None, :], mask=rm[:, None] & vmask[None, :], other=0.0).to(tl.float32)
-    bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
-    e = tl.exp(tl.load(SG + rows * HV + j, mask=rm, other=0.0) - g_base)
-    rhs = bb[:, None] * (vb - e[:, None] * tl.dot(kb, s0, input_precision=PREC))
-    tile = j * BT * BT + ar[:, None] * BT + ar[None, :]
-    ub = tl.dot(tl.load(A + tile), rhs, input_precision=PREC)
-    ob = e[:, None] * tl.dot(qb, s0, input_precision=PREC) + tl.dot(tl.load(P + tile), rhs, input_precision=PREC)
-    # a mask that is not rooted and holds more than BT nodes breaks the caller's promise (rooted=True):
-    # NaN, loudly, instead of a silently missing row
-    ob = tl.where((ar[:, None] * 0 + T - r0) > BT, float("nan"), ob)
-    tl.store(SU + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ub, mask=rm[:, None] & vmask[None, :])
-    tl.store(O + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ob, mask=rm[:, None] & vmask[None, :])
-    if iv == 0:
-        tl.store(SK + rows[:, None] * (HV * DK) + j * DK + offk[None, :], kb, mask=rm[:, None] & kmask[None, :])
-
-
 @triton.jit(do_not_specialize=["plen"])
 def _gdn_commit_kernel(
     S0, SK, SU, SG, Path, Out, Count,
@@ -386,27 +289,12 @@ def _gdn_decode_kernel(
     tl.store(SOut + tile, st, mask=tm)  # each program owns its tile: SOut may be S itself
 
 
-DENSE_MAX_NODES = 64  # the dense variant's tile (nodes after the peeled root)
-
-
-def dense_tile(t: int, rooted: bool) -> int | None:
-    """The dense variant's BT for T nodes (a power of two >= 16), or None when they do not fit."""
-    n = t - 1 if rooted else t
-    return max(16, next_pow2(n)) if n <= DENSE_MAX_NODES else None
-
-
-def default_config(t: int, hv: int, dv: int, device: torch.device, rooted: bool = False) -> dict:
-    """Block of nodes per solve step (BS), value columns per program (BV), warps; ``DENSE`` for
-    trees whose nodes after the root fit one tile (``rooted``: the caller promises node 0 is an
-    ancestor of every node, as in every draft tree, so 65 nodes fit a 64 tile).
+def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
+    """Block of nodes per solve step (BS), value columns per program (BV), warps.
 
     BS = 64 needs more than the 227 KiB of shared memory an H200 block may use (measured:
     263-271 KiB with BK = 128, BV = 64), so trees are solved in blocks of 16 by default.
     """
-    if t > 17 and dense_tile(t, rooted) is not None:
-        # no serial chain over blocks: a per-head launch inverts (I + L) once for all value
-        # columns, the solve is four dots
-        return {"DENSE": True, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "prep_warps": 4}
     if t > 17:
         # several diagonal blocks (after the peeled root): the parallel prepare launch takes their
         # inverses off the serial chain; measured on the H200 at 27B dims, T = 64: 72.8 us with
@@ -436,7 +324,7 @@ def _check(q, k, v, g, beta, state, anc=None):
                          f"do not fit T={t}, HV={hv}, dk={dk}, dv={dv}")
 
 
-def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | None = None, rooted: bool = False):
+def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | None = None):
     """Exact ancestor-masked gated delta rule, one launch. Returns (o fp32 [T, HV, dv], stash).
 
     ``config``: ``BS``, ``BV``, ``num_warps``; ``PRE_INVERSE=True`` adds a launch before the solve
@@ -444,19 +332,13 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
     ``prep_warps`` warps) so the solve's serial chain no longer holds the forward substitutions;
     ``ROOT_PEEL`` (default True): when node 0 is an ancestor of every node, its step is taken in
     registers and the blocks start at node 1 (checked on the device from ``anc``, so any mask
-    stays exact). ``DENSE=True`` (the default for 18..64 nodes, and 65 when ``rooted``): a per-head
-    launch builds (I + L)^-1 and M (I + L)^-1 over all nodes after the root, then the solve has no
-    serial chain. ``rooted=True`` is the caller's promise that node 0 is an ancestor of every node
-    (any Tree); a mask that breaks it with more nodes than the tile gives NaN outputs, and a CPU
-    mask is checked here.
+    stays exact).
     """
     _check(q, k, v, g, beta, state, anc)
     t, hv, dv = v.shape
     h, dk = q.shape[1], q.shape[2]
     scale = dk**-0.5 if scale is None else float(scale)
-    if rooted and anc.device.type == "cpu" and t > 1 and not bool(anc[:, 0].all()):
-        raise ValueError("tree_gdn_fork: rooted=True but node 0 is not an ancestor of every node of anc")
-    cfg = dict(default_config(t, hv, dv, v.device, rooted), **(config or {}))
+    cfg = dict(default_config(t, hv, dv, v.device), **(config or {}))
     q, k, v = as_last_contiguous(q), as_last_contiguous(k), as_last_contiguous(v)
     state = state.float().contiguous()
     a8 = anc.view(torch.uint8) if anc.dtype == torch.bool else (anc != 0).to(torch.uint8)
@@ -470,28 +352,10 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
 
     def launch(c):
         bv = min(c["BV"], max(16, next_pow2(dv)))
-        prec = dot_precision(torch.float32)
-        bt = dense_tile(t, rooted) if c.get("DENSE") else None
-        if bt is not None:
-            a_inv = torch.empty(hv, bt, bt, dtype=torch.float32, device=dev)
-            p_mat = torch.empty(hv, bt, bt, dtype=torch.float32, device=dev)
-            _gdn_dense_prepare_kernel[(hv,)](
-                q, k, g, beta, a8, sg, a_inv, p_mat, t, hv // h, hv, scale,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
-                beta.stride(0), beta.stride(1), a8.stride(0),
-                DK=dk, BK=bk, BT=bt, PREC=prec, num_warps=c.get("prep_warps", 4),
-            )
-            _gdn_dense_fork_kernel[(hv, triton.cdiv(dv, bv))](
-                q, k, v, beta, state, a8, sg, a_inv, p_mat, o, sk, su,
-                t, hv // h, hv, scale,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                beta.stride(0), beta.stride(1), a8.stride(0),
-                DK=dk, DV=dv, BK=bk, BV=bv, BT=bt, PREC=prec, num_warps=c["num_warps"],
-            )
-            return
-        bs = c.get("BS", 16)
+        bs = c["BS"]
         pre = bool(c.get("PRE_INVERSE", False))
         peel = bool(c.get("ROOT_PEEL", True))
+        prec = dot_precision(torch.float32)
         inv = sg  # unused unless pre
         if pre:
             nb = triton.cdiv(t, bs)
@@ -510,8 +374,7 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
             num_warps=c["num_warps"],
         )
 
-    # the fallbacks are the blocked solve (a dense tile that does not fit the device lands there)
-    fallback = [dict(f, PRE_INVERSE=cfg.get("PRE_INVERSE", t > 17), ROOT_PEEL=cfg.get("ROOT_PEEL", True)) for f in _FALLBACK]
+    fallback = [dict(f, PRE_INVERSE=cfg.get("PRE_INVERSE", False), ROOT_PEEL=cfg.get("ROOT_PEEL", True)) for f in _FALLBACK]
     launch_with_fallback(launch, [cfg] + fallback, ("gdn_fork", dk, dv, str(dev)))
     return o, TreeGDNStash(k=sk, u=su, G=sg)
 
