@@ -261,7 +261,7 @@ def test_gdn_flattened_order_is_not_the_tree():
 
 
 def test_gdn_long_chain_through_the_verify_chunks():
-    """Prefill-style chains > 64 nodes run as chunks of 64 (fork + commit over ranges 0..P-1)."""
+    """Prefill-style chains > CHAIN_CHUNK nodes run chunk by chunk (fork + commit over ranges 0..P-1)."""
     from workbench.verify import tree_recurrence
 
     n = 150

@@ -28,7 +28,9 @@ from tree_kernels.tree_gdn import naive as gdn_naive
 from .tree import CompiledTree, Tree, follow
 
 RECURRENT_MODES = ("fork", "unsafe", "paths", "slots")
-CHAIN_CHUNK = 64  # long chains (prefill) run fork chunk by chunk, one tree of <= 64 nodes each
+# long chains (prefill, and unsafe's flattened trees) run fork chunk by chunk, one chain of <= 65 nodes
+# each: the kernel peels the first node (an ancestor of the rest), so 65 is 4 blocks of 16
+CHAIN_CHUNK = 65
 
 # A one-node tree (the AR step) in fork / unsafe takes the one-launch decode step (the state read
 # once, no stash) instead of fork + commit: on by default since its H200 measurement (2026-12-03,
