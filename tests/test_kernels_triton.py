@@ -178,7 +178,8 @@ def test_gdn_default_config_takes_the_prepare_launch_only_for_several_blocks():
     # one diagonal block after the peeled root
     assert not tg.default_config(17, 48, 128, dev).get("PRE_INVERSE", False)
     big = tg.default_config(18, 48, 128, dev)
-    assert big["PRE_INVERSE"] and big["BS"] == 16 and big["BV"] == 32
+    assert big["PRE_INVERSE"] and big["BS"] == 16 and big["BV"] == 32 and big["PRE_OFFDIAG"]
+    assert not tg.default_config(145, 48, 128, dev)["PRE_OFFDIAG"]  # nb^2 stored blocks: not measured
     assert tg.default_config(64, 3, 12, dev)["BV"] == 16  # never wider than dv needs
     # the default on a tree of several blocks equals the single-launch kernel and the reference
     tree = random_tree(40, 6, seed=9)
@@ -200,6 +201,18 @@ def test_gdn_root_peel_equals_the_unpeeled_solve(n, pre):
     assert maxdiff(st_peel.G, st_flat.G) < 1e-6 and maxdiff(st_peel.k, st_flat.k) == 0.0
 
 
+@pytest.mark.parametrize("n", [33, 65, 100])
+def test_gdn_precomputed_off_diagonal_blocks_equal_the_solve(n):
+    """PRE_OFFDIAG: the prepare launch also stores L_bc and M_bc (they do not depend on u), so the
+    solve's chain is two dots a step; same result as the blocked solve and the reference."""
+    tree = random_tree(n, 8, seed=n + 5, shape="mixed")
+    base = {"BS": 16, "BV": 16, "PRE_INVERSE": True}
+    o_off, st_off = check_gdn(tree, (1, 3, 8, 12), seed=n, config=dict(base, PRE_OFFDIAG=True))
+    o_blk, st_blk = check_gdn(tree, (1, 3, 8, 12), seed=n, config=base)
+    assert maxdiff(o_off, o_blk) < 1e-5 and maxdiff(st_off.u, st_blk.u) < 1e-5
+    check_gdn(tree, (3, 3, 12, 20), seed=n + 1, config=dict(base, PRE_OFFDIAG=True, ROOT_PEEL=False))
+
+
 def _forest_anc(trees):
     """Block-diagonal ancestor mask of several trees side by side: node 0 is not everyone's ancestor."""
     ancs = [compile_tree(t, 0).anc for t in trees]
@@ -212,7 +225,7 @@ def _forest_anc(trees):
     return anc
 
 
-@pytest.mark.parametrize("pre", [False, True])
+@pytest.mark.parametrize("pre", [False, True, "offdiag"])
 def test_gdn_fork_on_a_forest_is_exact(pre):
     """The peel is chosen from the mask on the device: a forest (two roots) takes the unpeeled path
     and still equals the reference; a single isolated node first, then a tree, and the reverse."""
@@ -221,7 +234,8 @@ def test_gdn_fork_on_a_forest_is_exact(pre):
         anc = _forest_anc(trees)
         n = anc.shape[0]
         q, k, v, gate, beta, s0 = gdn_inputs(n, 1, 3, 8, 12, seed=n)
-        o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, config={"BS": 16, "BV": 16, "PRE_INVERSE": pre})
+        cfg = {"BS": 16, "BV": 16, "PRE_INVERSE": bool(pre), "PRE_OFFDIAG": pre == "offdiag"}
+        o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, config=cfg)
         o_ref, st_ref = gdn_naive.tree_gdn_fork(q, k, v, gate, beta, s0, anc)
         assert maxdiff(o, o_ref) < 2e-5 and maxdiff(st.u, st_ref.u) < 2e-5 and maxdiff(st.G, st_ref.G) < 1e-5
         second = len(trees[0])

@@ -242,6 +242,11 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
     o_np, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=no_peel)
     row["err_no_peel_o_vs_fp32_ref"] = err(o_np, o_ref)
     timed("triton_fork_no_peel_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=no_peel), rep, graph=True)
+    if t > 17:  # without the prepare launch storing the u-independent off-diagonal blocks
+        offd = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), PRE_INVERSE=True, PRE_OFFDIAG=False)
+        o_off, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=offd)
+        row["err_no_offdiag_o_vs_fp32_ref"] = err(o_off, o_ref)
+        timed("triton_fork_no_offdiag_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=offd), rep, graph=True)
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(st, s0, path_t), rep, graph=True)
     if sweep and t == 64:
         row["sweep"] = []
@@ -738,7 +743,7 @@ def floors(bw_gbs: float, prefix: int) -> dict:
 
 
 ROWS = {
-    "gdn": [("triton fork", "triton_fork_ms"), ("triton fork, single launch", "triton_fork_single_launch_ms"), ("triton commit", "triton_commit_ms"), ("torch fork (reference)", "torch_fork_ms"),
+    "gdn": [("triton fork", "triton_fork_ms"), ("triton fork, single launch", "triton_fork_single_launch_ms"), ("triton fork, off-diagonal blocks in the chain", "triton_fork_no_offdiag_ms"), ("triton fork, unpeeled", "triton_fork_no_peel_ms"), ("triton commit", "triton_commit_ms"), ("torch fork (reference)", "torch_fork_ms"),
             ("torch commit (reference)", "torch_commit_ms"), ("torch slots (baseline)", "torch_slots_ms"),
             ("slot copy: T states r+w", "slot_copy_ms"), ("fla chunk (chain of T)", "fla_chunk_ms"),
             ("fla fused_recurrent (chain)", "fla_fused_recurrent_ms")],
@@ -793,6 +798,7 @@ def ratios(result: dict) -> dict:
     for size in ("17", "33", "65", "129"):  # 16 k + 1 nodes: where the peeled root saves a block
         gs = result.get("gdn", {}).get(size, {})
         out[f"gdn_no_peel_over_default_{size}"] = r(best_ms(gs, "triton_fork_no_peel_ms"), best_ms(gs, "triton_fork_ms"))
+        out[f"gdn_no_offdiag_over_default_{size}"] = r(best_ms(gs, "triton_fork_no_offdiag_ms"), best_ms(gs, "triton_fork_ms"))
     out["gdn_fla_chunk_over_triton"] = r(best_ms(g, "fla_chunk_ms"), tg_)
     out["gdn_fla_fused_recurrent_over_triton"] = r(best_ms(g, "fla_fused_recurrent_ms"), tg_)
     out["gdn_slot_copy_over_triton"] = r(best_ms(g, "slot_copy_ms"), tg_)

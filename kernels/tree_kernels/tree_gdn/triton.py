@@ -18,6 +18,9 @@ cheap next to the K S0 / Q S0 products, which are split across the value-column 
 Variant ``PRE_INVERSE`` (a second launch before the solve; the default for trees of more than one
 block since its H200 measurement): G and the inverses of the diagonal blocks are computed by
 nb x HV one-warp programs in parallel and read back, so the serial chain is dots and loads only.
+With ``PRE_OFFDIAG`` (the default up to 144 nodes) that launch also stores the blocks of the solve
+that do not depend on u, L_bc = beta_b exp(G_b - G_c) k_b k_c^T and M_bc = exp(G_b - G_c) q_b k_c^T,
+so each step of the chain is two dots (rhs -= L_bc u_c, o += M_bc u_c) instead of four.
 Root peel (the default): a draft tree's node 0 is an ancestor of every node, so its step is the
 decode step on the program's [dk, BV] tile in registers, and the blocks start at node 1 from that
 state with gates relative to the root. A tree of 16 k + 1 nodes (budget 16 k plus the root) is then
@@ -91,11 +94,14 @@ def _root_offset(Anc, T, sa_n, BS: tl.constexpr):
 
 @triton.jit
 def _gdn_prepare_kernel(
-    K, Gin, Beta, Anc,  # inputs
-    SG, Inv,  # outputs: G [T, HV] (the stash's), (I + L_bb)^-1 per diagonal block [nb, HV, BS, BS]
-    T, R, HV,
-    sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
+    Q, K, Gin, Beta, Anc,  # inputs
+    SG, Inv, OffL, OffM,  # outputs: G [T, HV] (the stash's), (I + L_bb)^-1 per diagonal block
+    # [nb, HV, BS, BS]; with OFF the solve's u-independent blocks L_bc (c < b) and M_bc (c <= b),
+    # [nb, nb, HV, BS, BS]
+    T, R, HV, nb, scale,
+    sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, PEEL: tl.constexpr,
+    OFF: tl.constexpr,
 ):
     """Everything of the solve that depends only on k, g and beta, one program per (block, value
     head): the block's path-summed gates and the inverse of its diagonal block. Off the serial
@@ -126,16 +132,33 @@ def _gdn_prepare_kernel(
     Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, tl.trans(kb), input_precision=PREC), 0.0)
     inv = _unit_lower_inverse(Lbb, BS)
     tl.store(Inv + ((b * HV + j) * BS + ar[:, None]) * BS + ar[None, :], inv)
+    if OFF:
+        # the blocks of the solve that do not depend on u, so its serial chain is two dots a step:
+        # L_bc = beta_b exp(G_b - G_c) k_b k_c^T and M_bc = exp(G_b - G_c) scale q_b k_c^T
+        qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
+        tile = ar[:, None] * BS + ar[None, :]
+        tl.store(OffM + ((b * nb + b) * HV + j) * BS * BS + tile, dec * tl.dot(qb, tl.trans(kb), input_precision=PREC))
+        for c in range(0, b):
+            cols = r0 + c * BS + ar
+            cm = cols < T
+            Gc = _block_path_sums(Gin, Anc, cols, cm, j, T, sg_t, sg_h, sa_n, BS, c + 1 + r0)
+            kct = tl.trans(tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & kmask[None, :], other=0.0).to(tl.float32))
+            ac = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0) != 0
+            dc = tl.exp(tl.where(ac, Gb[:, None] - Gc[None, :], float("-inf")))  # select before exp
+            base = ((b * nb + c) * HV + j) * BS * BS + tile
+            tl.store(OffL + base, bb[:, None] * dc * tl.dot(kb, kct, input_precision=PREC))
+            tl.store(OffM + base, dc * tl.dot(qb, kct, input_precision=PREC))
 
 
 @triton.jit
 def _gdn_fork_kernel(
-    Q, K, V, Gin, Beta, S0, Anc, Inv,  # inputs (Inv: the diagonal inverses when PRE)
+    Q, K, V, Gin, Beta, S0, Anc, Inv, OffL, OffM,  # inputs (Inv: the diagonal inverses when PRE;
+    # OffL, OffM: the u-independent blocks when OFF)
     O, SK, SU, SG,  # outputs: o [T, HV, DV], stash k [T, HV, DK], u [T, HV, DV], G [T, HV] (an input when PRE)
-    T, R, HV, scale,
+    T, R, HV, scale, nbp,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr,
+    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr,
 ):
     j = tl.program_id(0)  # value head
     iv = tl.program_id(1)  # block of value columns
@@ -196,30 +219,42 @@ def _gdn_fork_kernel(
         eGb = tl.exp(Gb - g_base)
         rhs = bb[:, None] * (vb - eGb[:, None] * tl.dot(kb, s0, input_precision=PREC))
         ob = eGb[:, None] * tl.dot(qb, s0, input_precision=PREC)
+        tile = ar[:, None] * BS + ar[None, :]
         for c in range(0, b):
             cols = r0 + c * BS + ar
             cm = cols < T
-            kc = tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            uc = tl.load(SU + cols[:, None] * (HV * DV) + j * DV + offv[None, :], mask=cm[:, None] & vmask[None, :], other=0.0)
-            Gc = tl.load(SG + cols * HV + j, mask=cm, other=0.0)
-            a = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0) != 0
-            dec = tl.exp(tl.where(a, Gb[:, None] - Gc[None, :], float("-inf")))  # select before exp
-            kct = tl.trans(kc)
-            Lbc = bb[:, None] * dec * tl.dot(kb, kct, input_precision=PREC)
-            rhs -= tl.dot(Lbc, uc, input_precision=PREC)
-            ob += tl.dot(dec * tl.dot(qb, kct, input_precision=PREC), uc, input_precision=PREC)
+            if OFF:
+                uc = tl.load(SU + cols[:, None] * (HV * DV) + j * DV + offv[None, :], mask=cm[:, None] & vmask[None, :], other=0.0)
+                base = ((b * nbp + c) * HV + j) * BS * BS + tile
+                rhs -= tl.dot(tl.load(OffL + base), uc, input_precision=PREC)
+                ob += tl.dot(tl.load(OffM + base), uc, input_precision=PREC)
+            else:
+                kc = tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+                uc = tl.load(SU + cols[:, None] * (HV * DV) + j * DV + offv[None, :], mask=cm[:, None] & vmask[None, :], other=0.0)
+                Gc = tl.load(SG + cols * HV + j, mask=cm, other=0.0)
+                a = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0) != 0
+                dec = tl.exp(tl.where(a, Gb[:, None] - Gc[None, :], float("-inf")))  # select before exp
+                kct = tl.trans(kc)
+                Lbc = bb[:, None] * dec * tl.dot(kb, kct, input_precision=PREC)
+                rhs -= tl.dot(Lbc, uc, input_precision=PREC)
+                ob += tl.dot(dec * tl.dot(qb, kct, input_precision=PREC), uc, input_precision=PREC)
         # diagonal block: anc includes self (decay 1 on the diagonal for o); L is strict
-        a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
-        dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
-        kbt = tl.trans(kb)
-        if PRE:
+        if OFF:
             inv = tl.load(Inv + ((b * HV + j) * BS + ar[:, None]) * BS + ar[None, :])
+            ub = tl.dot(inv, rhs, input_precision=PREC)
+            ob += tl.dot(tl.load(OffM + ((b * nbp + b) * HV + j) * BS * BS + tile), ub, input_precision=PREC)
         else:
-            strict = a & (ar[:, None] != ar[None, :])
-            Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, kbt, input_precision=PREC), 0.0)
-            inv = _unit_lower_inverse(Lbb, BS)
-        ub = tl.dot(inv, rhs, input_precision=PREC)
-        ob += tl.dot(dec * tl.dot(qb, kbt, input_precision=PREC), ub, input_precision=PREC)
+            a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
+            dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
+            kbt = tl.trans(kb)
+            if PRE:
+                inv = tl.load(Inv + ((b * HV + j) * BS + ar[:, None]) * BS + ar[None, :])
+            else:
+                strict = a & (ar[:, None] != ar[None, :])
+                Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, kbt, input_precision=PREC), 0.0)
+                inv = _unit_lower_inverse(Lbb, BS)
+            ub = tl.dot(inv, rhs, input_precision=PREC)
+            ob += tl.dot(dec * tl.dot(qb, kbt, input_precision=PREC), ub, input_precision=PREC)
         tl.store(SU + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ub, mask=rm[:, None] & vmask[None, :])
         tl.store(O + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ob, mask=rm[:, None] & vmask[None, :])
         if iv == 0:
@@ -299,9 +334,11 @@ def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
         # several diagonal blocks (after the peeled root): the parallel prepare launch takes their
         # inverses off the serial chain; measured on the H200 at 27B dims, T = 64: 72.8 us with
         # BV = 32 against 105 us for the single-launch kernel (BV = 64; 102 us with BV = 32). A
-        # single block gains nothing.
+        # single block gains nothing. PRE_OFFDIAG: it also stores the u-independent off-diagonal
+        # blocks, so each chain step is two dots (H200, 27B dims, cold graph: 1.03x / 1.27x / 1.63x
+        # faster at 33 / 65 / 129 nodes); above 144 nodes (unmeasured, nb^2 blocks stored) not.
         return {"BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True,
-                "prep_warps": 1, "ROOT_PEEL": True}
+                "prep_warps": 1, "ROOT_PEEL": True, "PRE_OFFDIAG": t <= 144}
     bv = min(64, max(16, next_pow2(dv)))
     return {"BS": 16, "BV": bv, "num_warps": 4, "ROOT_PEEL": True}
 
@@ -356,21 +393,26 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
         pre = bool(c.get("PRE_INVERSE", False))
         peel = bool(c.get("ROOT_PEEL", True))
         prec = dot_precision(torch.float32)
-        inv = sg  # unused unless pre
+        inv = off_l = off_m = sg  # unused unless pre / off
+        nb = triton.cdiv(t, bs)
+        off = pre and bool(c.get("PRE_OFFDIAG", False))
         if pre:
-            nb = triton.cdiv(t, bs)
             inv = torch.empty(nb, hv, bs, bs, dtype=torch.float32, device=dev)
+            if off:
+                off_l = torch.empty(nb, nb, hv, bs, bs, dtype=torch.float32, device=dev)
+                off_m = torch.empty(nb, nb, hv, bs, bs, dtype=torch.float32, device=dev)
             _gdn_prepare_kernel[(nb, hv)](
-                k, g, beta, a8, sg, inv, t, hv // h, hv,
-                k.stride(0), k.stride(1), g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
-                DK=dk, BK=bk, BS=bs, PREC=prec, PEEL=peel, num_warps=c.get("prep_warps", 1),
+                q, k, g, beta, a8, sg, inv, off_l, off_m, t, hv // h, hv, nb, scale,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
+                beta.stride(0), beta.stride(1), a8.stride(0),
+                DK=dk, BK=bk, BS=bs, PREC=prec, PEEL=peel, OFF=off, num_warps=c.get("prep_warps", 1),
             )
         _gdn_fork_kernel[(hv, triton.cdiv(dv, bv))](
-            q, k, v, g, beta, state, a8, inv, o, sk, su, sg,
-            t, hv // h, hv, scale,
+            q, k, v, g, beta, state, a8, inv, off_l, off_m, o, sk, su, sg,
+            t, hv // h, hv, scale, nb,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
-            DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre, PEEL=peel,
+            DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre, PEEL=peel, OFF=off,
             num_warps=c["num_warps"],
         )
 
