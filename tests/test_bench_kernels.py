@@ -1,0 +1,29 @@
+"""bench.kernels' ratio table from a result dict (the GPU measurements themselves run on the device)."""
+
+from workbench.bench.kernels import best_ms, ratios
+
+
+def test_best_ms_prefers_the_cold_graph_time():
+    assert best_ms({"triton_fork_ms": 2.0, "triton_fork_cold_graph_ms": 1.0}, "triton_fork_ms") == 1.0
+    assert best_ms({"triton_fork_ms": 2.0, "triton_fork_cold_graph_ms": None}, "triton_fork_ms") == 2.0
+
+
+def test_gdn_variant_ratios_per_tree_size():
+    gdn = {
+        "65": {"triton_fork_cold_graph_ms": 0.07, "triton_fork_no_peel_cold_graph_ms": 0.084,
+               "triton_fork_no_offdiag_cold_graph_ms": 0.0875},
+        "17": {"triton_fork_cold_graph_ms": 0.03, "triton_fork_no_peel_cold_graph_ms": 0.045},
+    }
+    out = ratios({"gdn": gdn})
+    assert out["gdn_no_peel_over_default_65"] == 1.2
+    assert out["gdn_no_offdiag_over_default_65"] == 1.25
+    assert out["gdn_no_peel_over_default_17"] == 1.5
+    assert out["gdn_no_offdiag_over_default_17"] is None  # not measured at one block
+    assert out["gdn_no_peel_over_default_129"] is None  # size not in the run
+
+
+def test_decode_step_ratio():
+    dg = {"1": {"triton_fork_cold_graph_ms": 0.02, "triton_commit_cold_graph_ms": 0.01,
+                "triton_decode_step_cold_graph_ms": 0.0075}}
+    out = ratios({"decode_gdn": dg})
+    assert out["decode_gdn_fork_plus_commit_over_decode_step"] == 4.0
