@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements, as run on the device machine (torch, triton, transformers preinstalled; no
 # network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all  [OUT dir]
-# kernels ~3 min, pairs ~4 min, 27b ~2 min on an H200 (2026-12-03); results are JSON under OUT
+# kernels ~3-5 min, pairs ~4 min, 27b ~2.5 min on an H200 (2026-12-03); results are JSON under OUT
 # (default $OUT or out/device). Copy them to data/results/ as e2e-<device>-<date>[-27b|-fp32].json
 # (the figure, projection and --budget auto readers take the newest bf16 file that has their
 # part), then here: python -m workbench.bench.project / .figures.
@@ -16,8 +16,9 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="/tmp/site:$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"
 if [[ "$part" == kernels || "$part" == all ]]; then
-  # tree GDN (default vs single launch, + sweep), attention, conv, fused norms, GPU losslessness
-  python3 -m workbench.bench.kernels --out "$out/kernels.json" 2>&1 | tee "$out/kernels.log"
+  # tree GDN (default vs single launch, unpeeled, off-diagonal blocks in the chain, + sweep at 64),
+  # attention, conv, fused norms, GPU losslessness; 16 k + 1 sizes are the budgets' trees
+  python3 -m workbench.bench.kernels --sizes 17,33,64,65,129 --out "$out/kernels.json" 2>&1 | tee "$out/kernels.log"
 fi
 if [[ "$part" == pairs || "$part" == all ]]; then
   # both zoo pairs, T=0 and T=1, DDTree 8-256 fork/unsafe, HF generate (bf16), then fp32 at T=0
