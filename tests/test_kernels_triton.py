@@ -135,8 +135,7 @@ def check_gdn(tree, shape, seed, config=None, vdtype=torch.float32, tol=2e-5):
     assert o.dtype == torch.float32 and st.u.dtype == torch.float32
     assert maxdiff(o, o_ref) < tol
     assert maxdiff(st.u, st_ref.u) < tol
-    # path-summed gates: fp32 sums in another order, so relative to their size (deep chains reach -40)
-    assert maxdiff(st.G, st_ref.G) < 1e-5 * max(1.0, st_ref.G.abs().max().item() / 4)
+    assert maxdiff(st.G, st_ref.G) < 1e-5
     assert maxdiff(st.k, st_ref.k) == 0.0
     # commit: equals the reference commit and the sequential recurrence along the path
     for node in sorted({0, n - 1, n // 2, tree.leaves()[0]}):
