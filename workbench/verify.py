@@ -35,7 +35,7 @@ CHAIN_CHUNK = 65
 # A one-node tree (the AR step) in fork / unsafe takes the one-launch decode step (the state read
 # once, no stash) instead of fork + commit: on by default since its H200 measurement (2026-12-03,
 # 27B dims, bench.e2e --decode-step side by side: AR step 16.37 ms against 17.24 ms; the kernel
-# 2.9 us against 11.7 us for fork + commit). WORKBENCH_GDN_DECODE_STEP=0 or
+# 7.6 us against 30.6 us for fork + commit, cold graph). WORKBENCH_GDN_DECODE_STEP=0 or
 # use_gdn_decode_step(False) turns it off.
 _decode_step = os.environ.get("WORKBENCH_GDN_DECODE_STEP", "1").lower() in ("1", "true", "on", "yes")
 

@@ -80,6 +80,17 @@ def _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS: tl.constexp
 
 
 @triton.jit
+def _decode_tile(s, q, k, v, a, beta):
+    """One token's step on a [dk, BV] tile of the state (fp32), in registers: returns (u, S', o),
+    S' = a S + k u^T,  u = beta (v - a S^T k),  o = S'^T q (q already scaled). The decode step and
+    the fork's peeled root both take it."""
+    s = s * a
+    u = beta * (v - tl.sum(s * k[:, None], axis=0))
+    s = s + k[:, None] * u[None, :]
+    return u, s, tl.sum(s * q[:, None], axis=0)
+
+
+@triton.jit
 def _root_offset(Anc, T, sa_n, BS: tl.constexpr):
     """1 when node 0 is an ancestor of every node (every draft tree: its root is the last committed
     token), else 0. Read from the mask itself, so a forest or any other ancestor mask stays exact."""
@@ -195,13 +206,11 @@ def _gdn_fork_kernel(
         v0 = tl.load(V + j * sv_h + offv, mask=vmask, other=0.0).to(tl.float32)
         b0 = tl.load(Beta + j * sb_h).to(tl.float32)
         G0 = tl.load(SG + j)  # the root's path sum: its own gate
-        e0 = tl.exp(G0)
-        u0 = b0 * (v0 - e0 * tl.sum(s0 * k0[:, None], axis=0))
-        s1 = e0 * s0 + k0[:, None] * u0[None, :]
+        u0, s1, o0 = _decode_tile(s0, q0, k0, v0, tl.exp(G0), b0)
         # masks broadcast from the offsets (a scalar condition in a mask trips the interpreter)
         peeled_v = vmask & ((offv * 0 + r0) == 1)
         tl.store(SU + j * DV + offv, u0, mask=peeled_v)
-        tl.store(O + j * DV + offv, tl.sum(s1 * q0[:, None], axis=0), mask=peeled_v)
+        tl.store(O + j * DV + offv, o0, mask=peeled_v)
         tl.store(SK + j * DK + offk, k0, mask=kmask & ((offk * 0 + r0) == 1) & ((offk * 0 + iv) == 0))
         s0 = tl.where((offk[:, None] * 0 + offv[None, :] * 0 + r0) == 1, s1, s0)
         g_base = G0 * r0
@@ -317,10 +326,8 @@ def _gdn_decode_kernel(
     beta = tl.load(B + j).to(tl.float32)
     tile = j * DK * DV + offk[:, None] * DV + offv[None, :]
     tm = km[:, None] & vm[None, :]
-    st = tl.load(S + tile, mask=tm, other=0.0) * a
-    u = beta * (v - tl.sum(st * k[:, None], axis=0))
-    st = st + k[:, None] * u[None, :]
-    tl.store(O + j * DV + offv, tl.sum(st * q[:, None], axis=0), mask=vm)
+    _, st, o = _decode_tile(tl.load(S + tile, mask=tm, other=0.0), q, k, v, a, beta)
+    tl.store(O + j * DV + offv, o, mask=vm)
     tl.store(SOut + tile, st, mask=tm)  # each program owns its tile: SOut may be S itself
 
 
@@ -416,7 +423,7 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
             num_warps=c["num_warps"],
         )
 
-    fallback = [dict(f, PRE_INVERSE=cfg.get("PRE_INVERSE", False), ROOT_PEEL=cfg.get("ROOT_PEEL", True)) for f in _FALLBACK]
+    fallback = [dict(cfg, **f) for f in _FALLBACK]  # smaller blocks, the same variant
     launch_with_fallback(launch, [cfg] + fallback, ("gdn_fork", dk, dv, str(dev)))
     return o, TreeGDNStash(k=sk, u=su, G=sg)
 
