@@ -434,7 +434,7 @@ def bench_decode_gdn(t: int, rep: int) -> dict:
     timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, anc), rep, graph=True)
     out = torch.empty_like(s0)
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(stash, s0, path, count=count, out=out), rep, graph=True)
-    if t == 1:  # the one-launch decode step that would replace fork + commit on the AR step
+    if t == 1:  # the one-launch decode step that replaces fork + commit on the AR step (the default)
         o_dec, s_dec = tg.gdn_decode_step(q, k, v, gate, beta, s0)
         row["err_decode_o_vs_fp32_ref"] = err(o_dec, o_ref)
         row["err_decode_state_vs_fp32_ref"] = err(s_dec, naive.gdn_decode_step(q, k, v.float(), gate, beta.float(), s0)[1])
