@@ -13,13 +13,17 @@ def test_gdn_variant_ratios_per_tree_size():
         "65": {"triton_fork_cold_graph_ms": 0.07, "triton_fork_no_peel_cold_graph_ms": 0.084,
                "triton_fork_no_offdiag_cold_graph_ms": 0.0875},
         "17": {"triton_fork_cold_graph_ms": 0.03, "triton_fork_no_peel_cold_graph_ms": 0.045},
+        "257": {"triton_fork_cold_graph_ms": 0.4, "triton_fork_offdiag_cold_graph_ms": 0.3},
+        "129": {"triton_fork_cold_graph_ms": 0.1, "triton_fork_peel_cold_graph_ms": 0.11},
     }
     out = ratios({"gdn": gdn})
     assert out["gdn_no_peel_over_default_65"] == 1.2
     assert out["gdn_no_offdiag_over_default_65"] == 1.25
     assert out["gdn_no_peel_over_default_17"] == 1.5
     assert out["gdn_no_offdiag_over_default_17"] is None  # not measured at one block
-    assert out["gdn_no_peel_over_default_129"] is None  # size not in the run
+    assert out["gdn_no_peel_over_default_129"] is None  # the default does not peel there
+    assert out["gdn_peel_over_default_129"] == 1.1
+    assert out["gdn_offdiag_over_default_257"] == 0.75  # stored blocks above 144 nodes, against the default
 
 
 def test_decode_step_ratio():

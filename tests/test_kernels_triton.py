@@ -178,7 +178,9 @@ def test_gdn_default_config_takes_the_prepare_launch_only_for_several_blocks():
     assert not tg.default_config(17, 48, 128, dev).get("PRE_INVERSE", False)
     big = tg.default_config(18, 48, 128, dev)
     assert big["PRE_INVERSE"] and big["BS"] == 16 and big["BV"] == 32 and big["PRE_OFFDIAG"]
-    assert not tg.default_config(145, 48, 128, dev)["PRE_OFFDIAG"]  # nb^2 stored blocks: not measured
+    assert tg.default_config(17, 48, 128, dev)["ROOT_PEEL"] and not big["ROOT_PEEL"]  # the peel pays only without stored blocks
+    assert tg.default_config(257, 48, 128, dev)["PRE_OFFDIAG"]
+    assert not tg.default_config(258, 48, 128, dev)["PRE_OFFDIAG"]  # nb^2 stored blocks: not measured
     assert tg.default_config(64, 3, 12, dev)["BV"] == 16  # never wider than dv needs
     # the default on a tree of several blocks equals the single-launch kernel and the reference
     tree = random_tree(40, 6, seed=9)

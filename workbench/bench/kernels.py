@@ -237,16 +237,24 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
     o_single, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=single)
     row["err_single_launch_o_vs_fp32_ref"] = err(o_single, o_ref)
     timed("triton_fork_single_launch_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=single), rep, graph=True)
-    # the default with the root not peeled (blocks from node 0): the ratio for trees of 16 k + 1 nodes
-    no_peel = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), ROOT_PEEL=False)
-    o_np, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=no_peel)
-    row["err_no_peel_o_vs_fp32_ref"] = err(o_np, o_ref)
-    timed("triton_fork_no_peel_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=no_peel), rep, graph=True)
+    # the default with the root peel flipped (peeled: blocks from node 1), for trees of 16 k + 1 nodes
+    default_peels = tg.default_config(t, GDN["hv"], GDN["dv"], dev).get("ROOT_PEEL", True)
+    flip = "no_peel" if default_peels else "peel"
+    flipped = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), ROOT_PEEL=not default_peels)
+    o_np, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=flipped)
+    row[f"err_{flip}_o_vs_fp32_ref"] = err(o_np, o_ref)
+    timed(f"triton_fork_{flip}_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=flipped), rep, graph=True)
     if t > 17:  # without the prepare launch storing the u-independent off-diagonal blocks
         offd = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), PRE_INVERSE=True, PRE_OFFDIAG=False)
         o_off, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=offd)
         row["err_no_offdiag_o_vs_fp32_ref"] = err(o_off, o_ref)
         timed("triton_fork_no_offdiag_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=offd), rep, graph=True)
+    if t > 17 and not tg.default_config(t, GDN["hv"], GDN["dv"], dev).get("PRE_OFFDIAG"):
+        # the default stores no off-diagonal blocks here (nb^2 of them); time them stored anyway
+        ond = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), PRE_INVERSE=True, PRE_OFFDIAG=True)
+        o_on, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=ond)
+        row["err_offdiag_o_vs_fp32_ref"] = err(o_on, o_ref)
+        timed("triton_fork_offdiag_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=ond), rep, graph=True)
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(st, s0, path_t), rep, graph=True)
     if sweep and t == 64:
         row["sweep"] = []
@@ -743,7 +751,7 @@ def floors(bw_gbs: float, prefix: int) -> dict:
 
 
 ROWS = {
-    "gdn": [("triton fork", "triton_fork_ms"), ("triton fork, single launch", "triton_fork_single_launch_ms"), ("triton fork, off-diagonal blocks in the chain", "triton_fork_no_offdiag_ms"), ("triton fork, unpeeled", "triton_fork_no_peel_ms"), ("triton commit", "triton_commit_ms"), ("torch fork (reference)", "torch_fork_ms"),
+    "gdn": [("triton fork", "triton_fork_ms"), ("triton fork, single launch", "triton_fork_single_launch_ms"), ("triton fork, off-diagonal blocks in the chain", "triton_fork_no_offdiag_ms"), ("triton fork, off-diagonal blocks stored", "triton_fork_offdiag_ms"), ("triton fork, unpeeled", "triton_fork_no_peel_ms"), ("triton fork, root peeled", "triton_fork_peel_ms"), ("triton commit", "triton_commit_ms"), ("torch fork (reference)", "torch_fork_ms"),
             ("torch commit (reference)", "torch_commit_ms"), ("torch slots (baseline)", "torch_slots_ms"),
             ("slot copy: T states r+w", "slot_copy_ms"), ("fla chunk (chain of T)", "fla_chunk_ms"),
             ("fla fused_recurrent (chain)", "fla_fused_recurrent_ms")],
@@ -799,6 +807,12 @@ def ratios(result: dict) -> dict:
         gs = result.get("gdn", {}).get(size, {})
         out[f"gdn_no_peel_over_default_{size}"] = r(best_ms(gs, "triton_fork_no_peel_ms"), best_ms(gs, "triton_fork_ms"))
         out[f"gdn_no_offdiag_over_default_{size}"] = r(best_ms(gs, "triton_fork_no_offdiag_ms"), best_ms(gs, "triton_fork_ms"))
+    for size in ("33", "65", "129", "257"):  # where the default does not peel: peeled over it
+        gs = result.get("gdn", {}).get(size, {})
+        out[f"gdn_peel_over_default_{size}"] = r(best_ms(gs, "triton_fork_peel_ms"), best_ms(gs, "triton_fork_ms"))
+    for size in ("257",):  # above 144 nodes the default leaves the off-diagonal blocks in the chain
+        gs = result.get("gdn", {}).get(size, {})
+        out[f"gdn_offdiag_over_default_{size}"] = r(best_ms(gs, "triton_fork_offdiag_ms"), best_ms(gs, "triton_fork_ms"))
     out["gdn_fla_chunk_over_triton"] = r(best_ms(g, "fla_chunk_ms"), tg_)
     out["gdn_fla_fused_recurrent_over_triton"] = r(best_ms(g, "fla_fused_recurrent_ms"), tg_)
     out["gdn_slot_copy_over_triton"] = r(best_ms(g, "slot_copy_ms"), tg_)

@@ -18,14 +18,16 @@ cheap next to the K S0 / Q S0 products, which are split across the value-column 
 Variant ``PRE_INVERSE`` (a second launch before the solve; the default for trees of more than one
 block since its H200 measurement): G and the inverses of the diagonal blocks are computed by
 nb x HV one-warp programs in parallel and read back, so the serial chain is dots and loads only.
-With ``PRE_OFFDIAG`` (the default up to 144 nodes) that launch also stores the blocks of the solve
+With ``PRE_OFFDIAG`` (the default from 18 to 257 nodes) that launch also stores the blocks of the solve
 that do not depend on u, L_bc = beta_b exp(G_b - G_c) k_b k_c^T and M_bc = exp(G_b - G_c) q_b k_c^T,
 so each step of the chain is two dots (rhs -= L_bc u_c, o += M_bc u_c) instead of four.
-Root peel (the default): a draft tree's node 0 is an ancestor of every node, so its step is the
+Root peel (``ROOT_PEEL``): a draft tree's node 0 is an ancestor of every node, so its step is the
 decode step on the program's [dk, BV] tile in registers, and the blocks start at node 1 from that
 state with gates relative to the root. A tree of 16 k + 1 nodes (budget 16 k plus the root) is then
-k blocks, not k + 1 with a last block of one node; the serial chain grows as blocks^2 / 2. The
-kernel reads whether the mask is rooted from the mask, so forests take the unpeeled path.
+k blocks, not k + 1 with a last block of one node. Measured, it pays at 17 nodes (one block, not
+two) and without stored off-diagonal blocks; with them the unpeeled solve is faster, so the
+default peels only up to 17 nodes. The kernel reads whether the mask is rooted from the mask, so
+forests take the unpeeled path.
 
 Where the selection happens before the exponential (never exp(..) * mask, inf * 0 = NaN),
 padded rows and columns load zeros and are masked out of every store.
@@ -338,14 +340,16 @@ def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
     263-271 KiB with BK = 128, BV = 64), so trees are solved in blocks of 16 by default.
     """
     if t > 17:
-        # several diagonal blocks (after the peeled root): the parallel prepare launch takes their
-        # inverses off the serial chain; measured on the H200 at 27B dims, T = 64: 72.8 us with
-        # BV = 32 against 105 us for the single-launch kernel (BV = 64; 102 us with BV = 32). A
-        # single block gains nothing. PRE_OFFDIAG: it also stores the u-independent off-diagonal
-        # blocks, so each chain step is two dots (H200, 27B dims, cold graph: 1.03x / 1.27x / 1.63x
-        # faster at 33 / 65 / 129 nodes); above 144 nodes (unmeasured, nb^2 blocks stored) not.
+        # several diagonal blocks: the parallel prepare launch takes their inverses off the serial
+        # chain (H200, 27B dims, T = 64: 72.8 us with BV = 32 against 105 us for the single-launch
+        # kernel), and PRE_OFFDIAG also stores the u-independent off-diagonal blocks, so each chain
+        # step is two dots. H200, 27B dims, cold graph, off-diagonal blocks in the chain over
+        # stored: 1.00x / 1.25x / 1.66x / 2.07x at 33 / 65 / 129 / 257 nodes. With the blocks
+        # stored the root peel no longer pays (peeled over unpeeled: 1.10x / 1.10x / 1.07x at
+        # 33 / 65 / 129; kernels-nvidia-h200-2026-12-03T17-gdn.json). Above 257 nodes (nb^2
+        # stored blocks, 28 MB at 257) unmeasured, so the chain keeps them.
         return {"BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True,
-                "prep_warps": 1, "ROOT_PEEL": True, "PRE_OFFDIAG": t <= 144}
+                "prep_warps": 1, "ROOT_PEEL": False, "PRE_OFFDIAG": t <= 257}
     bv = min(64, max(16, next_pow2(dv)))
     return {"BS": 16, "BV": bv, "num_warps": 4, "ROOT_PEEL": True}
 
