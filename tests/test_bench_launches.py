@@ -19,7 +19,11 @@ def test_counts_per_layer_and_the_fused_kernels_cut_them():
     assert gdn_off["triton_launches_per_layer"] == 2 and gdn_on["triton_launches_per_layer"] == 7
     assert gdn_on["per_layer_forward"] < gdn_off["per_layer_forward"] - 20
     assert on["per_kind"]["self_attn"]["per_layer_forward"] < off["per_kind"]["self_attn"]["per_layer_forward"]
-    assert gdn_off["per_layer_commit"] >= 2  # the GDN and conv commits
+    # AR commits in the forward (the one node is always accepted): no commit launches at all;
+    # a tree keeps the GDN and conv commits
+    assert gdn_off["per_layer_commit"] == 0 and off["per_kind"]["self_attn"]["per_layer_commit"] == 0
+    tree = count_step("ddtree", 4, fused=True)
+    assert tree["per_kind"]["linear_attn"]["per_layer_commit"] >= 2 and tree["per_kind"]["self_attn"]["per_layer_commit"] >= 2
     k = off["per_kind"]
     expected = off["rest_of_round_step"] + 48 * (k["linear_attn"]["per_layer_forward"] + k["linear_attn"]["per_layer_commit"]) \
         + 16 * (k["self_attn"]["per_layer_forward"] + k["self_attn"]["per_layer_commit"])

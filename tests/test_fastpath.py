@@ -235,3 +235,42 @@ def test_the_gdn_decode_step_on_the_ar_route_changes_no_token():
     assert (o - o_ref).abs().max() < 1e-5 and (pending.commit([0]) - gdn.tree_gdn_commit(stash, S0, [0])).abs().max() < 1e-5
     with pytest.raises(ValueError, match="commits path"):
         pending.commit([0, 1])
+
+
+def test_the_ar_step_commits_in_the_forward_with_the_same_tokens_and_caches():
+    """AR on the fast path: the one node is always accepted, so the conv window and the GDN state
+    move in place during the forward and no commit follows. Same tokens, logits and final caches
+    as the forward + commit route; trees of several nodes never take it."""
+    from dataclasses import replace
+
+    from workbench.fastpath import use_commit_in_forward
+    from workbench.verify import tree_conv, tree_recurrence, use_gdn_decode_step
+
+    target = random_target("hybrid", seed=12, vocab_size=300, eos_token_id=None)
+    prompt = list(range(40, 60))
+    cfg = GenerationConfig(method="ar", max_new_tokens=30, temperature=0.9, seed=4, trace_topk=2)
+    with use_commit_in_forward(False):
+        off = FastEngine(target, None, cfg, max_len=100)
+    on = FastEngine(target, None, cfg, max_len=100)
+    assert on.commit_in_forward and not off.commit_in_forward
+    t_off, t_on = off.generate(prompt), on.generate(prompt)
+    assert t_on.generated_ids == t_off.generated_ids
+    assert [r.target_top_logprobs for r in t_on.rounds] == [r.target_top_logprobs for r in t_off.rounds]
+    n = len(prompt) + len(t_on.generated_ids)
+    for a, b in zip(on.cache.layers, off.cache.layers):
+        if hasattr(a, "k"):
+            assert torch.equal(a.k[:n], b.k[:n]) and torch.equal(a.v[:n], b.v[:n])
+        else:
+            assert torch.equal(a.state, b.state) and torch.equal(a.conv_state, b.conv_state)
+    with use_gdn_decode_step(False):  # the switch that measures the old route turns it off too
+        assert not FastEngine(target, None, cfg, max_len=100).commit_in_forward
+    drafter = DFlashDrafter(random_dflash(target, seed=3, block_size=6), target)
+    assert not FastEngine(target, drafter, GenerationConfig(method="ddtree", budget=8), max_len=100).commit_in_forward
+    two = replace(compile_chain([5, 6], 0), commit_in_forward=True)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.nn.functional.normalize(torch.randn(2, 2, 2, 8, generator=g), dim=-1)
+    v, gate, beta = torch.randn(2, 4, 8, generator=g), -torch.rand(2, 4, generator=g), torch.rand(2, 4, generator=g)
+    with pytest.raises(ValueError, match="one-node trees.*2 nodes"):
+        tree_recurrence("fork", q, k, v, gate, beta, torch.randn(4, 8, 8, generator=g), two)
+    with pytest.raises(ValueError, match="one-node trees.*'paths'"):
+        tree_conv("paths", torch.randn(1, 6), torch.randn(6, 3), torch.randn(6, 4), None, replace(compile_chain([5], 0), commit_in_forward=True))

@@ -61,6 +61,40 @@ def test_gated_rms_norm_matches_reference(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("zero_centered", [True, False])
+def test_add_rms_norm_is_the_residual_add_then_the_norm(dtype, zero_centered):
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(5, 40, generator=g) * 3).to(dtype)
+    delta = torch.randn(5, 40, generator=g).to(dtype)
+    w = (torch.randn(40, generator=g) * 0.5).to(dtype)
+    h_ref, y_ref = naive.add_rms_norm(x, delta, w, 1e-6, zero_centered)
+    assert torch.equal(h_ref, x + delta) and torch.equal(y_ref, naive.rms_norm(x + delta, w, 1e-6, zero_centered))
+    h, y = impl.add_rms_norm(x, delta, w, 1e-6, zero_centered)
+    close(h, h_ref, 1e-6, half_inputs=dtype != torch.float32)
+    close(y, y_ref, 1e-5, half_inputs=dtype != torch.float32)
+    with pytest.raises(ValueError, match="delta"):
+        impl.add_rms_norm(x, delta[:, :8], w, 1e-6, zero_centered)
+
+
+def test_gated_rms_norm_casts_an_fp32_input_as_it_loads():
+    """The GDN layer hands the recurrence's fp32 output to the norm with the activations' dtype:
+    the same as casting first (one launch fewer)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, 24, generator=g)  # fp32, as the recurrence returns it
+    z = torch.randn(3, 4, 24, generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(24, generator=g)).bfloat16()
+    ref = naive.gated_rms_norm(x.bfloat16(), z, w, 1e-6)
+    assert torch.equal(naive.gated_rms_norm(x, z, w, 1e-6, torch.bfloat16), ref)
+    got = impl.gated_rms_norm(x, z, w, 1e-6, torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    # four roundings to bf16 (x, x-hat, w x-hat, y) that the interpreter truncates: 4 steps of 2^-7
+    diff = (got.float() - ref.float()).abs()
+    assert bool((diff <= ref.float().abs() * 4 * 2.0**-7 + 1e-6).all()), diff.max().item()
+    same = impl.gated_rms_norm(x, z.float(), w.float(), 1e-6, torch.float32)  # no cast asked: plain fp32
+    close(same, naive.gated_rms_norm(x, z.float(), w.float(), 1e-6), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gdn_gates_match_reference(dtype):
     g = torch.Generator().manual_seed(4)
     t, h, hv, dk = 5, 3, 9, 12

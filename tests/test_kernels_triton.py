@@ -326,6 +326,46 @@ def test_tree_conv_matches_reference(n, depth, shape, width):
     assert torch.equal(conv_tr.tree_conv_commit(x, state, chain), conv_naive.tree_conv_commit(x, state, chain))
 
 
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_decode_step_equals_a_one_node_tree_conv_then_commit(width, dtype):
+    """The AR step's conv: one token's output and the window moved by one, in one launch (in
+    place when out is the state), the same as the tree conv of a one-node chain and its commit."""
+    g = torch.Generator().manual_seed(width)
+    ch = 300  # not a multiple of the channel block
+    x = torch.randn(1, ch, generator=g).to(dtype)
+    state = torch.randn(ch, width - 1, generator=g).to(dtype)
+    w3, b = torch.randn(ch, 1, width, generator=g).to(dtype), torch.randn(ch, generator=g).to(dtype)
+    w = w3[:, 0, :]  # the model's strided view of conv1d.weight
+    c = compile_chain([5], 9)
+    y_tree = conv_tr.tree_conv1d(x, state, w, b, c.conv_table(width))
+    y_ref, s_ref = conv_naive.conv1d_decode_step(x, state, w, b)
+    assert torch.equal(s_ref, conv_naive.tree_conv_commit(x, state, [0]))
+    assert maxdiff(y_ref.float(), conv_naive.tree_conv1d(x, state, w, b, c.conv_table(width)).float()) == 0
+    y, s = conv_tr.conv1d_decode_step(x, state, w, b, block_c=128)
+    assert torch.equal(y, y_tree) and torch.equal(s, s_ref)  # same fp32 sum in the same order as the tree kernel
+    buf = state.clone()
+    with tk.use_backend("triton"):
+        y_in, s_in = tk.conv1d_decode_step(x, buf, w, None, activation=None, out=buf)
+    assert s_in is buf and torch.equal(buf, s_ref)
+    assert torch.equal(y_in, conv_tr.tree_conv1d(x, state, w, None, c.conv_table(width), activation=None))
+    buf_ref = state.clone()  # the reference route honours out too
+    _, s_ref_in = tk.conv1d_decode_step(x, buf_ref, w, b, out=buf_ref)
+    assert s_ref_in is buf_ref and torch.equal(buf_ref, s_ref)
+
+
+def test_conv_decode_step_names_the_bad_shape():
+    x, state, w = torch.randn(2, 8), torch.randn(8, 3), torch.randn(8, 4)
+    with pytest.raises(ValueError, match="one token"):
+        conv_tr.conv1d_decode_step(x, state, w)
+    with pytest.raises(ValueError, match="one token"):
+        conv_naive.conv1d_decode_step(x, state, w)
+    with pytest.raises(ValueError, match="out must be"):
+        conv_tr.conv1d_decode_step(x[:1], state, w, out=state.double())
+    with pytest.raises(ValueError, match="width 5"):
+        conv_tr.conv1d_decode_step(x[:1], torch.randn(8, 4), torch.randn(8, 5))
+
+
 def test_tree_conv_bf16_and_strided_weight():
     """The model passes conv1d.weight[:, 0, :] (a strided view) and bf16 activations."""
     tree = random_tree(30, 4, seed=7)
@@ -379,6 +419,7 @@ def test_tree_attention_matches_reference(n, depth, shape, prefix, hq, hkv, d, w
         dict(num_splits=1, config=small),
         dict(num_splits=3, config=small, bitmask=c.bitmask()),
         dict(num_splits=None, config=small),
+        dict(num_splits=3, config=dict(small, MERGE="launch")),  # the merge as its own launch
     ]
     if n <= 64:
         runs.append(dict())  # the default (GPU) configuration
@@ -390,15 +431,17 @@ def test_tree_attention_matches_reference(n, depth, shape, prefix, hq, hkv, d, w
         assert int(counters.abs().sum()) == 0  # tickets reset for the next launch
 
 
-def test_tree_attention_one_node_split_writes_and_merges_only_real_rows():
+@pytest.mark.parametrize("merge", ["ticket", "launch"])
+def test_tree_attention_one_node_split_writes_and_merges_only_real_rows(merge):
     """The AR step's shape (one node, a GQA group of 3 in a 16-row block, split over the keys):
-    correct, and the split partials of the 13 padding rows are neither written nor read."""
+    correct, and the split partials of the 13 padding rows are neither written nor read, with
+    the merge in the last split's program (ticket) or as its own launch."""
     from workbench.tree import Tree
 
     c = compile_tree(Tree.from_parents([5], [-1]), 100)
     q, k, v = attn_inputs(1, 100, 6, 2, 64, seed=3)
     ref = attn_naive.tree_attention(q, k, v, c.anc, 100, None, c.positions, None)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16}
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "MERGE": merge}
     attn_tr.tree_attention(q, k, v, c.anc, 100, None, c.positions, None, num_splits=4, config=cfg)
     part_o = _triton_common._SCRATCH[("attn_part_o", "cpu", torch.float32, None)]
     part_l = _triton_common._SCRATCH[("attn_part_l", "cpu", torch.float32, None)]
@@ -454,6 +497,12 @@ def test_tree_attention_decode_default_takes_small_row_blocks(nodes):
         o = tree_attention_static(q, kbuf, vbuf, anc, torch.tensor(150), None, pos, None)
     ref = attn_naive.tree_attention(q.float(), k.float(), v.float(), anc, 150, None, pos, None)
     assert o.dtype == torch.bfloat16 and maxdiff(o.float(), ref) < 2e-2
+    with tk.use_backend("triton"):  # the other merge gives the same rows
+        other = "ticket" if cfg.get("MERGE", "ticket") == "launch" else "launch"
+        o2 = attn_tr.tree_attention(q, kbuf, vbuf, anc, torch.tensor(150), None, pos, None, config=dict(cfg, MERGE=other))
+    assert maxdiff(o2.float(), o.float()) < 2e-2 and maxdiff(o2.float(), ref) < 2e-2
+    with pytest.raises(ValueError, match="MERGE"):
+        attn_tr.tree_attention(q, kbuf, vbuf, anc, torch.tensor(150), None, pos, None, config=dict(cfg, MERGE="tree"))
 
 
 # ------------------------------------------------------------------------------------- dispatch

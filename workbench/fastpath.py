@@ -27,31 +27,51 @@ import torch
 from .engine import GenerationConfig, check_prompt, extend_generated
 from .trace import RoundTrace, Trace
 from .tree import CompiledTree, build_chain_static, build_ddtree_static, static_ancestor_mask
-from .verify import Sampler, check_finite, choose_static, walk_static
+from .verify import Sampler, check_finite, choose_static, gdn_decode_step_enabled, walk_static
 
 
 class FastPathUnsupported(ValueError):
     pass
 
 
+_commit_in_forward = True
+
+
 @contextlib.contextmanager
-def compiled_layers(target, enabled: bool = True):
+def use_commit_in_forward(enabled: bool = True):
+    """Engines built inside the block commit the AR step in the forward (default) or not: the
+    switch bench.e2e --commit-in-forward measures side by side."""
+    global _commit_in_forward
+    old, _commit_in_forward = _commit_in_forward, bool(enabled)
+    try:
+        yield
+    finally:
+        _commit_in_forward = old
+
+
+@contextlib.contextmanager
+def compiled_layers(target, enabled: bool = True, fused_norms: bool = False):
     """Run the target's decoder layers through ``torch.compile`` (fusing the many small
     elementwise kernels of a decode step) for the duration of the block.
 
     One compiled function serves every layer of a kind (parameters are inputs, not
     constants), so compile time does not grow with depth. Graph capture works on top.
+    ``fused_norms`` (default off): the hand-fused Triton norms are opaque to inductor, so by
+    default the layers run the plain-torch norms and inductor fuses them with their neighbours
+    (the residual adds, the gate's SiLU, the dtype casts).
     """
     if not enabled:
         yield target
         return
     import torch._dynamo
+    import tree_kernels as tk
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     old = target.layer_fn
     target.layer_fn = torch.compile(_call_layer, dynamic=False)
     try:
-        yield target
+        with tk.use_fused_norms(fused_norms):
+            yield target
     finally:
         target.layer_fn = old
 
@@ -116,6 +136,10 @@ class FastEngine:
             draft_logprobs=torch.zeros(max(self.depth, 1), max(self.k, 1), dtype=torch.float32, device=dev),
         )
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        # AR: the one node is always accepted, so the recurrent layers commit during the forward
+        # (two launches fewer per GDN layer, seven per attention layer). Tied to the decode-step
+        # switch so that use_gdn_decode_step(False) still measures the fork + commit route.
+        self.commit_in_forward = config.method == "ar" and _commit_in_forward and gdn_decode_step_enabled()
 
     # -- the two steps (pure tensor code on the buffers) ---------------------------------------
     def _draft_step(self) -> None:
@@ -134,11 +158,13 @@ class FastEngine:
             st = build_chain_static(b.draft_tokens[:0], b.draft_logprobs[:0], b.bonus)
         max_depth = self.depth if cfg.method != "ar" else 0
         anc = static_ancestor_mask(st.parents, max_depth)
-        tree = CompiledTree(st.tokens, st.parents, st.depths, b.position + st.depths, anc, -1, cfg.method != "ddtree", b.position)
+        tree = CompiledTree(st.tokens, st.parents, st.depths, b.position + st.depths, anc, -1, cfg.method != "ddtree", b.position,
+                            commit_in_forward=self.commit_in_forward)
         out = self.target(tree, self.cache, cfg.recurrent, self.taps)
         choices = choose_static(self.sampler, out.logits, st.depths, b.position + 1, max_depth)
         walk = walk_static(st.tokens, st.parents, st.depths, st.valid, anc, choices, max_depth)
-        self.cache.commit_static(b.position, walk.path, walk.count)
+        if not tree.commit_in_forward:  # (AR: the forward already moved the recurrent state)
+            self.cache.commit_static(b.position, walk.path, walk.count)
         if self.taps:
             b.features.copy_(out.taps[walk.path])
         b.count.copy_(walk.count)

@@ -280,6 +280,10 @@ class CompiledTree:
     # device fast path: the prefix length as a device scalar; attention then reads the whole
     # cache buffer, masked by it, so shapes stay static across rounds (CUDA-graph capturable)
     prefix_t: torch.Tensor | None = None
+    # the AR step of the fast path: a one-node tree whose root is accepted whatever it predicts, so
+    # recurrent layers move their conv window and state in place during the forward and no commit
+    # follows (attention's KV row is already where a commit would put it)
+    commit_in_forward: bool = False
     _conv_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _bitmask: torch.Tensor | None = field(default=None, repr=False)
     _flat: "CompiledTree | None" = field(default=None, repr=False)

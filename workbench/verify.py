@@ -155,6 +155,10 @@ class _StatesPending(PendingRecurrence):
 
 def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=None):
     """Gated delta rule over the tree's nodes in the given mode. Returns (o fp32, pending)."""
+    if tree.commit_in_forward:  # the fast path's AR step: the state moves in place, nothing pends
+        _check_commit_in_forward(mode, tree)
+        o, _ = tk.gdn_decode_step(q, k, v, g, beta, state, scale, out=state)
+        return o, None
     if mode == "paths":
         o, states = gdn_naive.tree_gdn_paths(q, k, v, g, beta, state, tree.parents, scale)
         return o, _StatesPending(states)
@@ -184,8 +188,16 @@ def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=Non
     return o, _StashPending([stash], [state], [0], anc, flat)
 
 
+def _check_commit_in_forward(mode: str, tree: CompiledTree) -> None:
+    if tree.size != 1 or mode not in ("fork", "unsafe"):
+        raise ValueError(f"commit_in_forward is for one-node trees in fork / unsafe, got {tree.size} nodes in {mode!r}")
+
+
 def tree_conv(mode, x, conv_state, weight, bias, tree: CompiledTree, activation="silu"):
     """Short causal conv over the tree's nodes: tree-aware in all modes but unsafe."""
+    if tree.commit_in_forward:  # the fast path's AR step: the window moves in place
+        _check_commit_in_forward(mode, tree)
+        return tk.conv1d_decode_step(x, conv_state, weight, bias, activation, out=conv_state)[0]
     if mode == "paths":
         return conv_naive.tree_conv1d_paths(x, conv_state, weight, bias, tree.parents, activation)
     view = tree.flattened() if mode == "unsafe" else tree

@@ -31,10 +31,12 @@ __all__ = [
     "tree_build",
     "tree_conv1d",
     "tree_conv_commit",
+    "conv1d_decode_step",
     "tree_gdn_fork",
     "tree_gdn_commit",
     "gdn_decode_step",
     "rms_norm",
+    "add_rms_norm",
     "gated_rms_norm",
     "gdn_gates",
     "rotary",
@@ -83,7 +85,12 @@ def gdn_decode_step(q, k, v, g, beta, state, scale=None, **tuning):
         from .tree_gdn import triton as impl
 
         return impl.gdn_decode_step(q, k, v, g, beta, state, scale, **tuning)
-    return gdn_naive.gdn_decode_step(q, k, v, g, beta, state, scale)
+    o, nxt = gdn_naive.gdn_decode_step(q, k, v, g, beta, state, scale)
+    out = tuning.get("out")
+    if out is not None:  # the reference computes a new tensor first, so out may alias state
+        out.copy_(nxt)
+        nxt = out
+    return o, nxt
 
 
 def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", **tuning):
@@ -93,6 +100,20 @@ def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", **tuning)
 
         return impl.tree_conv1d(x, conv_state, weight, bias, index, activation, **tuning)
     return conv_naive.tree_conv1d(x, conv_state, weight, bias, index, activation)
+
+
+def conv1d_decode_step(x, conv_state, weight, bias=None, activation="silu", out=None):
+    """One committed token (T = 1): (y, next conv state), the tree conv of a one-node tree and
+    its commit in one launch. ``out`` may be ``conv_state`` (in place). See tree_conv/naive.py."""
+    if use_triton(x) and _floats(x, conv_state, weight, bias) and 2 <= weight.shape[-1] <= 4:
+        from .tree_conv import triton as impl
+
+        return impl.conv1d_decode_step(x, conv_state, weight, bias, activation, out=out)
+    y, nxt = conv_naive.conv1d_decode_step(x, conv_state, weight, bias, activation)
+    if out is not None:
+        out.copy_(nxt)
+        nxt = out
+    return y, nxt
 
 
 def tree_conv_commit(x, conv_state, path):
@@ -152,13 +173,23 @@ def rms_norm(x, weight, eps, zero_centered):
     return norms_naive.rms_norm(x, weight, eps, zero_centered)
 
 
-def gated_rms_norm(x, gate, weight, eps):
-    """The GDN output norm: w * RMSNorm(x) * silu(gate). See norms/naive.py."""
+def add_rms_norm(x, delta, weight, eps, zero_centered):
+    """(x + delta, RMSNorm(x + delta)): a residual add and the norm that reads it, one launch fused."""
+    if x.dim() == 2 and delta.shape == x.shape and delta.dtype == x.dtype and _fused(x, delta, weight):
+        from .norms import triton as impl
+
+        return impl.add_rms_norm(x, delta, weight, eps, zero_centered)
+    return norms_naive.add_rms_norm(x, delta, weight, eps, zero_centered)
+
+
+def gated_rms_norm(x, gate, weight, eps, out_dtype=None):
+    """The GDN output norm: w * RMSNorm(x) * silu(gate); with ``out_dtype``, of x.to(out_dtype)
+    (fused: no separate cast). See norms/naive.py."""
     if _fused(x, gate, weight):
         from .norms import triton as impl
 
-        return impl.gated_rms_norm(x, gate, weight, eps)
-    return norms_naive.gated_rms_norm(x, gate, weight, eps)
+        return impl.gated_rms_norm(x, gate, weight, eps, out_dtype)
+    return norms_naive.gated_rms_norm(x, gate, weight, eps, out_dtype)
 
 
 def gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype=torch.float32):

@@ -85,6 +85,14 @@ def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device, zer
     return buf
 
 
+def mask_as_uint8(mask: torch.Tensor) -> torch.Tensor:
+    """A 0/1 mask as uint8 for a kernel's loads: a free reinterpretation of a bool tensor eagerly;
+    under torch.compile a cast (inductor cannot lower a bool -> uint8 dtype view)."""
+    if mask.dtype == torch.bool and not torch.compiler.is_compiling():
+        return mask.view(torch.uint8)
+    return (mask != 0).to(torch.uint8)
+
+
 def as_last_contiguous(x: torch.Tensor) -> torch.Tensor:
     """Kernels take arbitrary leading strides but need unit stride in the last dimension."""
     return x if x.stride(-1) == 1 else x.contiguous()

@@ -405,6 +405,7 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         from ..fastpath import compiled_layers
 
         out["compiled"] = variant("compiled layers", compiled_layers(target))
+        out["compiled_fused_norms"] = variant("compiled layers, fused norms", compiled_layers(target, fused_norms=True))
     out["norms"] = norm_variants(device)[0]  # what the numbers above ran with
     if args.both_norms:  # the fused-norm switch the other way (counts: data/results/launches-cpu-*.json)
         import tree_kernels as tk
@@ -416,6 +417,10 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
 
         out["gdn_decode_step"] = variant("gdn decode step " + ("off" if gdn_decode_step_enabled() else "on"),
                                          use_gdn_decode_step(not gdn_decode_step_enabled()))
+    if args.commit_in_forward:  # the AR step with its recurrent commit as separate launches again
+        from ..fastpath import use_commit_in_forward
+
+        out["commit_in_forward_off"] = variant("commit in forward off", use_commit_in_forward(False))
     # projection from measured acceptance (part 1, hybrid pair, T=0, fork)
     projection = {}
     for budget in args.budgets_27b:
@@ -450,6 +455,8 @@ def main(argv=None) -> dict:
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-pairs", action="store_true")
     p.add_argument("--skip-27b", action="store_true")
+    p.add_argument("--commit-in-forward", action="store_true",
+                   help="also time the 27B AR step with the recurrent commit after the forward (the route before it moved in place)")
     p.add_argument("--compile", action="store_true", help="also time the 27B steps with torch.compile'd layers")
     p.add_argument("--profile", action="store_true", help="27B dims: kernel time by category in the AR step (torch.profiler)")
     p.add_argument("--both-norms", action="store_true",

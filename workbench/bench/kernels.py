@@ -255,6 +255,10 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
         o_on, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=ond)
         row["err_offdiag_o_vs_fp32_ref"] = err(o_on, o_ref)
         timed("triton_fork_offdiag_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=ond), rep, graph=True)
+    if t > 17:  # the prepare launch's warps per program (one by default)
+        for pw in (2, 4):
+            cfg_pw = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), prep_warps=pw)
+            timed(f"triton_fork_prep_warps{pw}_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg_pw), rep, graph=True)
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(st, s0, path_t), rep, graph=True)
     if sweep and t == 64:
         row["sweep"] = []
@@ -339,9 +343,10 @@ def bench_attention(t: int, rep: int, prefix: int, sweep: bool = True) -> dict:
     timed("triton_ms", row, lambda: ta.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None), rep, graph=True)
     if sweep and t == 64:
         row["sweep"] = []
-        for bm, bn, nw, ns, waves in ((64, 64, 8, 2, 2.0), (64, 64, 4, 2, 1.0), (64, 32, 4, 2, 1.0), (128, 64, 8, 2, 1.0), (128, 64, 8, 2, 2.0)):
+        for bm, bn, nw, ns, waves, merge in ((64, 64, 8, 2, 2.0, "ticket"), (128, 64, 8, 2, 1.0, "ticket"), (128, 64, 8, 2, 2.0, "ticket"),
+                                             (128, 64, 8, 2, 1.0, "launch"), (128, 64, 8, 2, 2.0, "launch"), (128, 64, 8, 2, 4.0, "launch")):
             if True:
-                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "waves": waves}
+                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": ns, "waves": waves, "MERGE": merge}
                 rec = dict(cfg)
                 try:
                     fn = lambda: ta.tree_attention(q, k, v, c.anc, prefix, scale, c.positions, None, config=cfg)  # noqa: E731
@@ -402,9 +407,11 @@ def bench_decode_attention(t: int, rep: int, prefix: int, sweep: bool = True) ->
     timed("triton_ms", row, lambda: tree_attention_static(q, kbuf, vbuf, anc, prefix_t, scale, pos, None), rep, graph=True)
     if sweep:
         row["sweep"] = []
-        for bm, bn, nw, waves in ((128, 64, 8, 1.0), (64, 64, 4, 1.0), (16, 64, 4, 1.0), (16, 64, 4, 2.0), (16, 128, 4, 2.0),
-                                  (16, 64, 2, 2.0), (16, 32, 4, 4.0)):
-            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": 2, "waves": waves}
+        # MERGE "launch": the split partials merged by their own launch, all splits at once
+        for bm, bn, nw, waves, merge in ((128, 64, 8, 1.0, "ticket"), (16, 64, 4, 1.0, "ticket"), (16, 64, 4, 2.0, "ticket"),
+                                         (16, 64, 4, 1.0, "launch"), (16, 64, 4, 2.0, "launch"), (16, 64, 4, 4.0, "launch"),
+                                         (16, 32, 4, 4.0, "launch"), (16, 32, 4, 8.0, "launch"), (16, 64, 2, 4.0, "launch")):
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": 2, "waves": waves, "MERGE": merge}
             rec = dict(cfg)
             try:
                 fn = lambda: ta.tree_attention(q, kbuf, vbuf, anc, prefix_t, scale, pos, None, config=cfg)  # noqa: E731

@@ -163,6 +163,10 @@ class RMSNorm(nn.Module):
         # models); plain: w * (x̂ cast to x's dtype). tree_kernels/norms/naive.py is the reference
         return tk.rms_norm(x, self.weight, self.eps, self.zero_centered)
 
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, norm(x + delta)): the residual add fused with the norm that reads it."""
+        return tk.add_rms_norm(x, delta, self.weight, self.eps, self.zero_centered)
+
 
 # ----------------------------------------------------------------------------------------------
 # rotary
@@ -386,8 +390,8 @@ class DecoderLayer(nn.Module):
         return getattr(self, self.mixer_name)
 
     def forward(self, x, tree, cache, cos, sin, mode):
-        x = x + self.mixer(self.input_layernorm(x), tree, cache, cos, sin, mode)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, normed = self.post_attention_layernorm.add_and_norm(x, self.mixer(self.input_layernorm(x), tree, cache, cos, sin, mode))
+        return x + self.mlp(normed)
 
 
 @dataclass

@@ -36,8 +36,9 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x, gate):
-        return tk.gated_rms_norm(x, gate, self.weight, self.eps)
+    def forward(self, x, gate, dtype=None):
+        """``dtype``: normalise x.to(dtype) (the fused kernel casts as it loads)."""
+        return tk.gated_rms_norm(x, gate, self.weight, self.eps, dtype)
 
 
 class RecurrentCache:
@@ -139,7 +140,7 @@ class GatedDeltaNet(PackedModule):
         v = v.reshape(t, self.hv, self.dv)
         o, pending = verify.tree_recurrence(mode, q, k, v, g, beta, cache.state, tree, scale=self.dk**-0.5)
         cache.pending, cache.pending_conv_inputs, cache.pending_mode = pending, mixed, mode
-        o = self.norm(o.to(x.dtype), z)
+        o = self.norm(o, z, x.dtype)  # o is fp32: the norm rounds it to the activations' dtype first
         return self.out_proj(o.reshape(t, self.value_dim))
 
 

@@ -23,7 +23,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
     return weight * normed.to(x.dtype)
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool):
+    """The residual add and the norm after it: (x + delta, rms_norm(x + delta))."""
+    h = x + delta
+    return h, rms_norm(h, weight, eps, zero_centered)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    if out_dtype is not None:
+        x = x.to(out_dtype)
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (weight * normed.to(x.dtype) * F.silu(gate.float())).to(x.dtype)

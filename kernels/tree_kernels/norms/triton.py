@@ -44,10 +44,35 @@ def _rms_norm_kernel(X, W, Y, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr, ZERO_CE
 
 
 @triton.jit
-def _gated_rms_norm_kernel(X, Z, W, Y, n1, sx0, sx1, sz0, sz1, D, eps, BLOCK: tl.constexpr, ROUND_WX: tl.constexpr):
+def _add_rms_norm_kernel(X, Dl, H, W, Y, D, eps, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    # the residual add (rounded to x's dtype, as torch adds half tensors), stored, then its norm
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
-    x_raw, nx, m = _normed_row(X, pid, n1, sx0, sx1, D, eps, BLOCK)
+    m = offs < D
+    x = tl.load(X + pid * D + offs, mask=m, other=0.0)
+    h = (x.to(tl.float32) + tl.load(Dl + pid * D + offs, mask=m, other=0.0).to(tl.float32)).to(x.dtype)
+    tl.store(H + pid * D + offs, h, mask=m)
+    hf = h.to(tl.float32)
+    nx = hf * (1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps))
+    w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        y = nx * (1.0 + w)
+    else:
+        y = w * nx.to(x.dtype).to(tl.float32)
+    tl.store(Y + pid * D + offs, y.to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(X, Z, W, Y, n1, sx0, sx1, sz0, sz1, D, eps, BLOCK: tl.constexpr, ROUND_WX: tl.constexpr,
+                           CAST_X: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    x_raw = tl.load(X + (pid // n1) * sx0 + (pid % n1) * sx1 + offs, mask=m, other=0.0)
+    if CAST_X:  # x in fp32 (the recurrence's output) rounded to y's dtype first, as x.to(dtype) then the norm
+        x_raw = x_raw.to(Y.dtype.element_ty)
+    xf = x_raw.to(tl.float32)
+    nx = xf * (1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps))
     w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
     wx = w * nx.to(x_raw.dtype).to(tl.float32)
     if ROUND_WX:  # weight and x in the same half type: the product is rounded to it, as in torch
@@ -167,18 +192,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
     return y
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool):
+    """(h = x + delta, rms_norm(h)) in one launch; x, delta [T, D] of one dtype."""
+    d = x.shape[-1]
+    if x.dim() != 2 or delta.shape != x.shape or delta.dtype != x.dtype or weight.shape != (d,):
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)} {x.dtype}, delta {tuple(delta.shape)} {delta.dtype}, "
+                         f"weight {tuple(weight.shape)}")
+    x, delta = x.contiguous(), delta.contiguous()
+    h = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=x.dtype if zero_centered else torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    if y.numel():
+        block = max(16, next_pow2(d))
+        _add_rms_norm_kernel[(x.shape[0],)](x, delta, h, weight, y, d, float(eps), BLOCK=block,
+                                            ZERO_CENTERED=bool(zero_centered), num_warps=_warps(block))
+    return h, y
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``out_dtype``: the norm of ``x.to(out_dtype)`` without the separate cast (one launch fewer)."""
     d = x.shape[-1]
     if gate.shape != x.shape or weight.shape != (d,):
         raise ValueError(f"gated_rms_norm: x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight {tuple(weight.shape)}")
     xs, n0, n1, s0, s1 = _rows(x)
     zs, _, _, z0, z1 = _rows(gate)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dtype = out_dtype or x.dtype
+    y = torch.empty(x.shape, dtype=dtype, device=x.device)
     if y.numel():
         block = max(16, next_pow2(d))
-        round_wx = torch.promote_types(weight.dtype, x.dtype) in _HALF
+        round_wx = torch.promote_types(weight.dtype, dtype) in _HALF
         _gated_rms_norm_kernel[(n0 * n1,)](xs, zs, weight, y, n1, s0, s1, z0, z1, d, float(eps), BLOCK=block,
-                                           ROUND_WX=round_wx, num_warps=_warps(block))
+                                           ROUND_WX=round_wx, CAST_X=dtype != x.dtype, num_warps=_warps(block))
     return y
 
 

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import as_last_contiguous, dot_precision, launch_with_fallback, next_pow2, scratch, sm_count
+from .._triton_common import as_last_contiguous, dot_precision, mask_as_uint8, launch_with_fallback, next_pow2, scratch, sm_count
 
 __all__ = ["tree_attention", "default_config", "plan"]
 
@@ -38,7 +38,7 @@ def _tree_attn_kernel(
     GROUP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, BITMASK: tl.constexpr, PREC: tl.constexpr,
-    DOT_F32: tl.constexpr, DEVICE_PREFIX: tl.constexpr,
+    DOT_F32: tl.constexpr, DEVICE_PREFIX: tl.constexpr, TICKET_MERGE: tl.constexpr,
 ):
     if DEVICE_PREFIX:
         # the fast path: the prefix length lives on the device and K/V are the whole cache
@@ -74,7 +74,8 @@ def _tree_attn_kernel(
         k = tl.load(K + cols[:, None] * sk_t + kvh * sk_h + offd[None, :], mask=cm[:, None] & dmask[None, :], other=0.0)
         if DOT_F32:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        # fp32 whatever type the scale arrives as (under torch.compile a Python float is fp64)
+        s = (tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale).to(tl.float32)
         vis = cm[None, :] & rmask[:, None]
         if n0 + BLOCK_N > P:  # the tile reaches the tree block: ancestor mask
             tcol = cols - P
@@ -116,6 +117,7 @@ def _tree_attn_kernel(
         # the padding would be 21x the partials' traffic, written here and read by the merge
         tl.store(PartO + prow[:, None] * BD + offd[None, :], o_part, mask=rmask[:, None])
         tl.store(PartL + prow, lse, mask=rmask)
+    if SPLIT and TICKET_MERGE:  # else _attn_merge_kernel, launched next, merges the partials
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         cidx = kvh * n_mblocks + pid_m
         ticket = tl.atomic_add(Counter + cidx, 1, sem="acq_rel")
@@ -137,10 +139,37 @@ def _tree_attn_kernel(
             tl.store(O + node[:, None] * so_t + head[:, None] * so_h + offd[None, :], out.to(O.dtype.element_ty),
                      mask=rmask[:, None] & dmask[None, :])
             tl.atomic_xchg(Counter + cidx, 0)  # ready for the next launch
-    else:
+    if not SPLIT:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(O + node[:, None] * so_t + head[:, None] * so_h + offd[None, :], out.to(O.dtype.element_ty),
                  mask=rmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _attn_merge_kernel(
+    PartO, PartL, O, HQ, HKV, n_splits, mpad, so_t, so_h,
+    GROUP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NS: tl.constexpr, BDC: tl.constexpr,
+):
+    """The split partials of one (node, head) row and a chunk of its channels, merged: every
+    split's lse and partial are loaded at once ([NS] and [NS, BDC] tiles), not one split after
+    another as the ticket merge does, whose serial chain of loads sets the AR step's latency."""
+    r = tl.program_id(0)
+    node = r // HQ
+    head = r % HQ
+    kvh = head // GROUP
+    row = node * GROUP + head % GROUP  # the row's index in its kv head's m-blocks
+    sp = tl.arange(0, NS)
+    sm = sp < n_splits
+    prow = (sp * HKV + kvh) * mpad + row
+    lse = tl.load(PartL + prow, mask=sm, other=float("-inf"))
+    mx = tl.max(lse, axis=0)
+    wgt = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))  # 0 where a split saw nothing
+    den = tl.sum(wgt, axis=0)
+    offd = tl.program_id(1) * BDC + tl.arange(0, BDC)
+    dm = offd < D
+    part = tl.load(PartO + prow[:, None] * BD + offd[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
+    out = tl.sum(wgt[:, None] * part, axis=0) / tl.where(den > 0.0, den, 1.0)
+    tl.store(O + node * so_t + head * so_h + offd, out.to(O.dtype.element_ty), mask=dm)
 
 
 # The Triton 3.9 interpreter multiplies bf16 operands as their raw 16-bit patterns; under the
@@ -149,26 +178,33 @@ _INTERPRETED = type(_tree_attn_kernel).__name__ == "InterpretedFunction"
 
 
 def default_config(t: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> dict:
-    """Block sizes and the split-K target (about ``waves`` x SMs programs).
+    """Block sizes, the split-K target (about ``waves`` x SMs programs) and how splits merge.
 
     head_dim > 128: BLOCK_M = 128 (each K/V tile serves 128 (node, head) rows), 8 warps: the
     best of the sweep on an H200 at T = 64, prefix 4096, 24/4 heads, D = 256 (60.7 us vs 90.8 us
     for BLOCK_M = 64; data/results/kernels-nvidia-h200-2026-12-02.json).
+    MERGE = "launch": the split partials are merged by their own launch, every split at once,
+    instead of by the last split's program one split after another (a serial chain of loads).
+    H200, 27B dims, prefix 4096, cold graph: T = 64 40.0 us against 61.5 us; one node 16.7 us
+    (with 4 waves of splits) against 32.2 us (data/results/kernels-nvidia-h200-2026-12-03T18.json).
     """
     if t * (hq // hkv) <= 16 and dtype != torch.float32:
         # the AR step (one node: ``group`` real rows) and two- or three-node trees: a 128-row block
         # would be 95 % padding in every QK^T and PV dot; 16 rows is the smallest dot. H200, 27B
-        # dims, prefix 4096, one node: 32.0 us against 46.9 for the 128-row default, 36.1 with
-        # twice the splits (data/results/kernels-nvidia-h200-2026-12-03-decode.json)
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "waves": 1.0}
+        # dims, prefix 4096, one node: 32.0 us against 46.9 for the 128-row default with the
+        # ticket merge (kernels-nvidia-h200-2026-12-03-decode.json); with the merge launch more
+        # splits pay: 16.7 / 18.1 / 20.0 us at 4 / 2 / 1 waves
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "waves": 4.0, "MERGE": "launch"}
     if d > 128 and dtype != torch.float32:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "waves": 1.0}
+        # with the merge launch: 40.0 / 54.9 / 71.1 us at 1 / 2 / 4 waves (T = 64)
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "waves": 1.0, "MERGE": "launch"}
     return {
         "BLOCK_M": 64,
         "BLOCK_N": 64 if d <= 128 or dtype != torch.float32 else 32,
         "num_warps": 8 if d > 128 else 4,
         "num_stages": 2,
         "waves": 1.0,
+        "MERGE": "launch",  # the same serial-merge latency as above; not measured at these shapes
     }
 
 
@@ -210,7 +246,7 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
             raise ValueError(f"bitmask {tuple(bitmask.shape)} {bitmask.dtype}: expected int64 [{t}, {words}]")
         amat = as_last_contiguous(bitmask)
     else:
-        amat = as_last_contiguous(anc.view(torch.uint8) if anc.dtype == torch.bool else (anc != 0).to(torch.uint8))
+        amat = as_last_contiguous(mask_as_uint8(anc))
     kv_lo = max(0, prefix_len - int(window) + 1) if window is not None and not device_prefix else 0
     prefix_arg = prefix_len.reshape(1) if device_prefix else q  # a dummy pointer when P is an int
     p_int = 0 if device_prefix else prefix_len
@@ -222,6 +258,9 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
         n_mblocks, n_splits, tps = plan(t, hq, hkv, d, s, kv_lo, dev, c, num_splits)
         mpad = n_mblocks * c["BLOCK_M"]
         split = n_splits > 1
+        ticket = c.get("MERGE", "ticket") == "ticket"
+        if c.get("MERGE", "ticket") not in ("ticket", "launch"):
+            raise ValueError(f"tree_attention: config MERGE must be 'ticket' or 'launch', got {c['MERGE']!r}")
         if split:
             part_o = scratch("attn_part_o", n_splits * hkv * mpad * bd, torch.float32, dev)
             part_l = scratch("attn_part_l", n_splits * hkv * mpad, torch.float32, dev)
@@ -235,9 +274,16 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1), amat.stride(0),
             GROUP=hq // hkv, D=d, BD=bd, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
             SPLIT=split, HAS_WINDOW=window is not None, BITMASK=bitmask is not None, PREC=dot_precision(q.dtype),
-            DOT_F32=_INTERPRETED and q.dtype == torch.bfloat16, DEVICE_PREFIX=device_prefix,
+            DOT_F32=_INTERPRETED and q.dtype == torch.bfloat16, DEVICE_PREFIX=device_prefix, TICKET_MERGE=ticket,
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
+        if split and not ticket:
+            ns = next_pow2(n_splits)
+            bdc = max(16, min(bd, 4096 // ns))  # an [NS, BDC] tile of partials per program
+            _attn_merge_kernel[(t * hq, triton.cdiv(d, bdc))](
+                part_o, part_l, o, hq, hkv, n_splits, mpad, o.stride(0), o.stride(1),
+                GROUP=hq // hkv, D=d, BD=bd, NS=ns, BDC=bdc, num_warps=4,
+            )
 
     fallback = [dict(cfg, num_stages=1), dict(cfg, BLOCK_N=32, num_stages=1), dict(cfg, BLOCK_M=32, BLOCK_N=32, num_stages=1)]
     launch_with_fallback(launch, [cfg] + fallback, ("attention", d, str(q.dtype), str(dev)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["tree_conv1d", "tree_conv_commit", "tree_conv1d_paths"]
+__all__ = ["tree_conv1d", "tree_conv_commit", "tree_conv1d_paths", "conv1d_decode_step"]
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -58,6 +58,16 @@ def tree_conv_commit(x: torch.Tensor, conv_state: torch.Tensor, path: list[int] 
         return conv_state.clone()
     history = torch.cat([conv_state.t(), x[path].to(conv_state.dtype)], dim=0)
     return history[-keep:].t().contiguous()
+
+
+def conv1d_decode_step(x, conv_state, weight, bias=None, activation: str | None = "silu"):
+    """One committed token (T = 1): (y [1, C], next conv state [C, W-1]), i.e. the tree conv of a
+    one-node tree and the commit of its root, as one step."""
+    width = weight.shape[-1]
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"conv1d_decode_step: x must be one token [1, C], got {tuple(x.shape)}")
+    index = torch.arange(width, device=x.device)[None] - (width - 1)  # the state's columns, then the token
+    return tree_conv1d(x, conv_state, weight, bias, index, activation), tree_conv_commit(x, conv_state, [0])
 
 
 def tree_conv1d_paths(x, conv_state, weight, bias, parents, activation="silu"):

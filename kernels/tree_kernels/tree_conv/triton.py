@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .._triton_common import as_last_contiguous, next_pow2, path_operand
 
-__all__ = ["tree_conv1d", "tree_conv_commit", "MAX_COMMIT_WIDTH"]
+__all__ = ["tree_conv1d", "tree_conv_commit", "conv1d_decode_step", "MAX_COMMIT_WIDTH"]
 
 MAX_COMMIT_WIDTH = 4  # widths 2..4 in one launch (conv states of up to three columns)
 
@@ -68,6 +68,47 @@ def _conv_commit_kernel(
         else:  # the path is shorter than the window: an old state column
             val = tl.load(CS + cols * scs_c + pos * scs_w, mask=cm, other=0.0).to(Out.dtype.element_ty)
         tl.store(Out + cols * KEEP + j, val, mask=cm)
+
+
+@triton.jit
+def _conv_decode_kernel(
+    X, CS, Wt, Bias, Y, Out, C, scs_c, scs_w, sw_c, sw_w, so_c, so_w,
+    W: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+):
+    # one token: taps 0..W-2 read the state's columns (oldest first), tap W-1 the token; then the
+    # window moves by one. Out may be CS: every column is loaded before the barrier, stored after.
+    cols = tl.program_id(0) * BC + tl.arange(0, BC)
+    cm = cols < C
+    s0 = tl.load(CS + cols * scs_c, mask=cm, other=0.0)
+    s1 = tl.zeros_like(s0)
+    s2 = tl.zeros_like(s0)
+    if W >= 3:
+        s1 = tl.load(CS + cols * scs_c + scs_w, mask=cm, other=0.0)
+    if W >= 4:
+        s2 = tl.load(CS + cols * scs_c + 2 * scs_w, mask=cm, other=0.0)
+    xv = tl.load(X + cols, mask=cm, other=0.0)
+    acc = s0.to(tl.float32) * tl.load(Wt + cols * sw_c, mask=cm, other=0.0).to(tl.float32)
+    if W >= 3:
+        acc += s1.to(tl.float32) * tl.load(Wt + cols * sw_c + sw_w, mask=cm, other=0.0).to(tl.float32)
+    if W >= 4:
+        acc += s2.to(tl.float32) * tl.load(Wt + cols * sw_c + 2 * sw_w, mask=cm, other=0.0).to(tl.float32)
+    acc += xv.to(tl.float32) * tl.load(Wt + cols * sw_c + (W - 1) * sw_w, mask=cm, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(Bias + cols, mask=cm, other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    tl.store(Y + cols, acc.to(Y.dtype.element_ty), mask=cm)
+    tl.debug_barrier()
+    od = Out.dtype.element_ty
+    if W == 2:
+        tl.store(Out + cols * so_c, xv.to(od), mask=cm)
+    if W == 3:
+        tl.store(Out + cols * so_c, s1.to(od), mask=cm)
+        tl.store(Out + cols * so_c + so_w, xv.to(od), mask=cm)
+    if W == 4:
+        tl.store(Out + cols * so_c, s1.to(od), mask=cm)
+        tl.store(Out + cols * so_c + so_w, s2.to(od), mask=cm)
+        tl.store(Out + cols * so_c + 2 * so_w, xv.to(od), mask=cm)
 
 
 def _activation(activation) -> bool:
@@ -125,3 +166,29 @@ def tree_conv_commit(x, conv_state, path, *, count: torch.Tensor | None = None, 
         KEEP=keep, BC=block_c, IS_RANGE=is_range, DEVICE_COUNT=count is not None, num_warps=num_warps,
     )
     return out
+
+
+def conv1d_decode_step(x, conv_state, weight, bias=None, activation="silu", *, out: torch.Tensor | None = None,
+                       block_c: int = 1024, num_warps: int = 4):
+    """One committed token: (y [1, C], next conv state), one launch. ``out`` may be ``conv_state``
+    (the window then moves in place: the AR step's conv needs no separate commit)."""
+    width = weight.shape[-1]
+    c = conv_state.shape[0]
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != c or conv_state.shape != (c, width - 1):
+        raise ValueError(f"conv1d_decode_step: x {tuple(x.shape)} (one token [1, C]), conv_state "
+                         f"{tuple(conv_state.shape)}, weight {tuple(weight.shape)} do not fit")
+    if not 2 <= width <= MAX_COMMIT_WIDTH:
+        raise ValueError(f"conv1d_decode_step (triton): conv width {width} is not supported (2..{MAX_COMMIT_WIDTH})")
+    silu = _activation(activation)
+    x = as_last_contiguous(x)
+    if out is None:
+        out = torch.empty(c, width - 1, dtype=conv_state.dtype, device=conv_state.device)
+    elif out.shape != conv_state.shape or out.dtype != conv_state.dtype:
+        raise ValueError(f"conv1d_decode_step: out must be a {tuple(conv_state.shape)} {conv_state.dtype} tensor")
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _conv_decode_kernel[(triton.cdiv(c, block_c),)](
+        x, conv_state, weight, bias if bias is not None else weight, y, out, c,
+        conv_state.stride(0), conv_state.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
+        W=width, BC=block_c, HAS_BIAS=bias is not None, SILU=silu, num_warps=num_warps,
+    )
+    return y, out

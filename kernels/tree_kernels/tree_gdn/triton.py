@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import as_last_contiguous, dot_precision, launch_with_fallback, next_pow2, path_operand
+from .._triton_common import as_last_contiguous, dot_precision, mask_as_uint8, launch_with_fallback, next_pow2, path_operand
 from .naive import TreeGDNStash
 
 __all__ = ["tree_gdn_fork", "tree_gdn_commit", "gdn_decode_step", "default_config"]
@@ -116,51 +116,57 @@ def _gdn_prepare_kernel(
     DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, PEEL: tl.constexpr,
     OFF: tl.constexpr,
 ):
-    """Everything of the solve that depends only on k, g and beta, one program per (block, value
-    head): the block's path-summed gates and the inverse of its diagonal block. Off the serial
-    u recursion, run by nb x HV small programs in parallel (one warp each by default, so the
-    forward substitution's row reductions stay inside a warp). With a peeled root the blocks
-    start at node 1, as in the solve."""
+    """Everything of the solve that depends only on k, g and beta, off the serial u recursion:
+    program (b, c, value head). c == b: the block's path-summed gates, the inverse of its
+    diagonal block (one warp by default, so the forward substitution's row reductions stay inside
+    a warp) and, with OFF, M_bb; c < b (OFF only): the off-diagonal pair L_bc, M_bc, each pair its
+    own program so the longest program is one pair, not a row of them. With a peeled root the
+    blocks start at node 1, as in the solve."""
     b = tl.program_id(0)
-    j = tl.program_id(1)
+    j = tl.program_id(2)
+    c = b
+    if OFF:
+        c = tl.program_id(1)  # programs with c > b (the upper triangle) store nothing
     hk = j // R
     ar = tl.arange(0, BS)
     r0 = 0
     if PEEL:
         r0 = _root_offset(Anc, T, sa_n, BS)
-        # the root's own path sum (its only ancestor is itself)
-        tl.store(SG + ar * HV + j, tl.load(Gin + ar * sg_t + j * sg_h, mask=ar == 0, other=0.0).to(tl.float32),
-                 mask=(ar == 0) & ((ar * 0 + r0) == 1) & ((ar * 0 + b) == 0))
     rows = r0 + b * BS + ar
     rm = rows < T
     offk = tl.arange(0, BK)
     kmask = offk < DK
     Gb = _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1 + r0)
-    tl.store(SG + rows * HV + j, Gb, mask=rm)
     kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
     bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
-    a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
-    dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
-    strict = a & (ar[:, None] != ar[None, :])
-    Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, tl.trans(kb), input_precision=PREC), 0.0)
-    inv = _unit_lower_inverse(Lbb, BS)
-    tl.store(Inv + ((b * HV + j) * BS + ar[:, None]) * BS + ar[None, :], inv)
-    if OFF:
+    tile = ar[:, None] * BS + ar[None, :]
+    if c == b:
+        if PEEL:  # the root's own path sum (its only ancestor is itself)
+            tl.store(SG + ar * HV + j, tl.load(Gin + ar * sg_t + j * sg_h, mask=ar == 0, other=0.0).to(tl.float32),
+                     mask=(ar == 0) & ((ar * 0 + r0) == 1) & ((ar * 0 + b) == 0))
+        tl.store(SG + rows * HV + j, Gb, mask=rm)
+        a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
+        dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
+        strict = a & (ar[:, None] != ar[None, :])
+        Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, tl.trans(kb), input_precision=PREC), 0.0)
+        inv = _unit_lower_inverse(Lbb, BS)
+        tl.store(Inv + ((b * HV + j) * BS + ar[:, None]) * BS + ar[None, :], inv)
+        if OFF:
+            qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
+            tl.store(OffM + ((b * nb + b) * HV + j) * BS * BS + tile, dec * tl.dot(qb, tl.trans(kb), input_precision=PREC))
+    if c < b:
         # the blocks of the solve that do not depend on u, so its serial chain is two dots a step:
         # L_bc = beta_b exp(G_b - G_c) k_b k_c^T and M_bc = exp(G_b - G_c) scale q_b k_c^T
         qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
-        tile = ar[:, None] * BS + ar[None, :]
-        tl.store(OffM + ((b * nb + b) * HV + j) * BS * BS + tile, dec * tl.dot(qb, tl.trans(kb), input_precision=PREC))
-        for c in range(0, b):
-            cols = r0 + c * BS + ar
-            cm = cols < T
-            Gc = _block_path_sums(Gin, Anc, cols, cm, j, T, sg_t, sg_h, sa_n, BS, c + 1 + r0)
-            kct = tl.trans(tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & kmask[None, :], other=0.0).to(tl.float32))
-            ac = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0) != 0
-            dc = tl.exp(tl.where(ac, Gb[:, None] - Gc[None, :], float("-inf")))  # select before exp
-            base = ((b * nb + c) * HV + j) * BS * BS + tile
-            tl.store(OffL + base, bb[:, None] * dc * tl.dot(kb, kct, input_precision=PREC))
-            tl.store(OffM + base, dc * tl.dot(qb, kct, input_precision=PREC))
+        cols = r0 + c * BS + ar
+        cm = cols < T
+        Gc = _block_path_sums(Gin, Anc, cols, cm, j, T, sg_t, sg_h, sa_n, BS, c + 1 + r0)
+        kct = tl.trans(tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & kmask[None, :], other=0.0).to(tl.float32))
+        ac = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0) != 0
+        dc = tl.exp(tl.where(ac, Gb[:, None] - Gc[None, :], float("-inf")))  # select before exp
+        base = ((b * nb + c) * HV + j) * BS * BS + tile
+        tl.store(OffL + base, bb[:, None] * dc * tl.dot(kb, kct, input_precision=PREC))
+        tl.store(OffM + base, dc * tl.dot(qb, kct, input_precision=PREC))
 
 
 @triton.jit
@@ -342,12 +348,14 @@ def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
     if t > 17:
         # several diagonal blocks: the parallel prepare launch takes their inverses off the serial
         # chain (H200, 27B dims, T = 64: 72.8 us with BV = 32 against 105 us for the single-launch
-        # kernel), and PRE_OFFDIAG also stores the u-independent off-diagonal blocks, so each chain
-        # step is two dots. H200, 27B dims, cold graph, off-diagonal blocks in the chain over
-        # stored: 1.00x / 1.25x / 1.66x / 2.07x at 33 / 65 / 129 / 257 nodes. With the blocks
-        # stored the root peel no longer pays (peeled over unpeeled: 1.10x / 1.10x / 1.07x at
-        # 33 / 65 / 129; kernels-nvidia-h200-2026-12-03T17-gdn.json). Above 257 nodes (nb^2
-        # stored blocks, 28 MB at 257) unmeasured, so the chain keeps them.
+        # kernel), and PRE_OFFDIAG also stores the u-independent off-diagonal blocks (one prepare
+        # program per block pair), so each chain step is two dots. H200, 27B dims, cold graph,
+        # off-diagonal blocks in the chain over stored: 1.68x / 2.03x / 2.15x at 33 / 65 / 129
+        # nodes; at 257 stored 300 us against 660 us. With them stored the root peel no longer
+        # pays (peeled over unpeeled: 1.15x / 1.02x / 1.06x / 1.12x at 33 / 65 / 129 / 257), and
+        # one warp per prepare program stays best (2 / 4 warps: 1.16x / 1.30x at 65;
+        # kernels-nvidia-h200-2026-12-03T18.json). Above 257 nodes (nb^2 stored blocks, 28 MB
+        # at 257) unmeasured, so the chain keeps them.
         return {"BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True,
                 "prep_warps": 1, "ROOT_PEEL": False, "PRE_OFFDIAG": t <= 257}
     bv = min(64, max(16, next_pow2(dv)))
@@ -389,7 +397,7 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
     cfg = dict(default_config(t, hv, dv, v.device), **(config or {}))
     q, k, v = as_last_contiguous(q), as_last_contiguous(k), as_last_contiguous(v)
     state = state.float().contiguous()
-    a8 = anc.view(torch.uint8) if anc.dtype == torch.bool else (anc != 0).to(torch.uint8)
+    a8 = mask_as_uint8(anc)
     a8 = as_last_contiguous(a8)
     dev = v.device
     o = torch.empty(t, hv, dv, dtype=torch.float32, device=dev)
@@ -412,7 +420,7 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
             if off:
                 off_l = torch.empty(nb, nb, hv, bs, bs, dtype=torch.float32, device=dev)
                 off_m = torch.empty(nb, nb, hv, bs, bs, dtype=torch.float32, device=dev)
-            _gdn_prepare_kernel[(nb, hv)](
+            _gdn_prepare_kernel[(nb, nb if off else 1, hv)](
                 q, k, g, beta, a8, sg, inv, off_l, off_m, t, hv // h, hv, nb, scale,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
                 beta.stride(0), beta.stride(1), a8.stride(0),
