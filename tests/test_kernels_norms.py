@@ -76,6 +76,47 @@ def test_add_rms_norm_is_the_residual_add_then_the_norm(dtype, zero_centered):
         impl.add_rms_norm(x, delta[:, :8], w, 1e-6, zero_centered)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("zero_centered", [True, False])
+@pytest.mark.parametrize("hq,hk,d,r", [(6, 2, 32, 8), (4, 4, 16, 16), (3, 1, 40, 10)])
+def test_qk_norm_rotary_is_the_norms_then_rotary(dtype, zero_centered, hq, hk, d, r):
+    """Attention's q / k path in one launch (GQA: fewer key heads; partial rotary; a head dim that
+    is not a power of two) against rms_norm then rotary, each on q and on k."""
+    g = torch.Generator().manual_seed(hq * d + r)
+    t = 5
+    qkv = (torch.randn(t, (hq + hk) * d + 3, generator=g) * 2).to(dtype)  # strided views, as the packed projection gives
+    q, k = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
+    wq, wk = (torch.randn(d, generator=g) * 0.3).to(dtype), (torch.randn(d, generator=g) * 0.3).to(dtype)
+    ang = torch.randn(t, r // 2, generator=g)
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(dtype), torch.cat([ang.sin()] * 2, -1).to(dtype)
+    q_ref, k_ref = naive.qk_norm_rotary(q, k, wq, wk, 1e-6, zero_centered, cos, sin)
+    assert torch.equal(q_ref, naive.rotary(naive.rms_norm(q, wq, 1e-6, zero_centered), cos, sin))
+    q_got, k_got = impl.qk_norm_rotary(q, k, wq, wk, 1e-6, zero_centered, cos, sin)
+    # the same roundings as the two kernels it replaces, so bit for bit the same as them
+    assert torch.equal(q_got, impl.rotary(impl.rms_norm(q, wq, 1e-6, zero_centered), cos, sin))
+    assert torch.equal(k_got, impl.rotary(impl.rms_norm(k, wk, 1e-6, zero_centered), cos, sin))
+    # and close to the reference: half types round the norm, each rotary product and their sum
+    # (which the interpreter truncates), up to a few bf16 steps of the largest element
+    tol = 1e-5 if dtype == torch.float32 else 4 * 2.0**-7 * max(1.0, q_ref.abs().max().item())
+    assert (q_got.float() - q_ref.float()).abs().max() <= tol and (k_got.float() - k_ref.float()).abs().max() <= tol
+    with pytest.raises(ValueError, match="qk_norm_rotary"):
+        impl.qk_norm_rotary(k, q, wq, wk, 1e-6, zero_centered, cos, sin) if hk < hq else impl.qk_norm_rotary(q, k, wq[:4], wk, 1e-6, zero_centered, cos, sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_mul_is_the_attention_output_gate(dtype):
+    g = torch.Generator().manual_seed(8)
+    t, h, d = 3, 5, 24
+    qg = (torch.randn(t, h, 2 * d, generator=g) * 3).to(dtype)
+    gate = qg.chunk(2, dim=-1)[1]  # strided rows and heads, as the gated q projection gives
+    x = torch.randn(t, h, d, generator=g).to(dtype)
+    ref = naive.sigmoid_mul(gate, x)
+    assert torch.equal(ref, x * torch.sigmoid(gate))
+    close(impl.sigmoid_mul(gate, x), ref, 1e-6, half_inputs=dtype != torch.float32)
+    with pytest.raises(ValueError, match="sigmoid_mul"):
+        impl.sigmoid_mul(gate[:, :2], x)
+
+
 def test_gated_rms_norm_casts_an_fp32_input_as_it_loads():
     """The GDN layer hands the recurrence's fp32 output to the norm with the activations' dtype:
     the same as casting first (one launch fewer)."""

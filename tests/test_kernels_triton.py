@@ -685,6 +685,41 @@ def test_gdn_decode_step_equals_the_reference_and_a_one_node_fork_then_commit(h,
     assert S_in is state and (state - S_ref).abs().max() < 1e-4 and (o_in - o_ref).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("h, r, dk, dv, dtype", [(2, 1, 16, 32, torch.float32), (2, 3, 24, 40, torch.float32),
+                                                  (1, 4, 32, 64, torch.bfloat16)])
+def test_gdn_decode_step_gated_equals_the_gates_then_the_decode_step(h, r, dk, dv, dtype):
+    """The AR step's fused launch: raw q, k (not l2-normed), raw b, a; the same as gdn_gates and
+    gdn_decode_step one after the other (the references), in place when out is the state."""
+    from tree_kernels.norms import naive as norms_naive
+
+    g = torch.Generator().manual_seed(dk + r)
+    hv = h * r
+    mixed = torch.randn(1, 2 * h * dk + 5, generator=g).to(dtype)  # q, k as strided slices of the conv output
+    q, k = mixed[:, : h * dk].reshape(1, h, dk), mixed[:, h * dk : 2 * h * dk].reshape(1, h, dk)
+    v = torch.randn(1, hv, dv, generator=g).to(dtype)
+    ba = (torch.randn(1, 2 * hv, generator=g) * 3).to(dtype)  # b, a as column slices of the packed projection
+    b, a = ba[:, :hv], ba[:, hv:]
+    A_log, dt_bias = torch.randn(hv, generator=g), torch.randn(hv, generator=g)
+    S0 = torch.randn(hv, dk, dv, generator=g)
+    qn, kn, beta, gate = norms_naive.gdn_gates(q, k, b, a, A_log, dt_bias, torch.float32)
+    o_ref, S_ref = gdn_naive.gdn_decode_step(qn, kn, v, gate, beta, S0)
+    o, S = gdn_tr.gdn_decode_step_gated(q, k, v, b, a, A_log, dt_bias, S0, block_v=16)
+    assert o.shape == (1, hv, dv) and S.shape == (hv, dk, dv)
+    # bf16: beta is rounded to b's dtype, which the interpreter truncates where torch (and the GPU)
+    # rounds to nearest: one bf16 step of beta (2^-8 relative) in o and S
+    tol = 1e-4 if dtype == torch.float32 else 1e-2 * max(1.0, S_ref.abs().max().item()) * 2.0**-1
+    assert (o - o_ref).abs().max() < tol and (S - S_ref).abs().max() < tol
+    state = S0.clone()
+    with tk.use_backend("triton"):
+        o_in, S_in = tk.gdn_decode_step_gated(q, k, v, b, a, A_log, dt_bias, state, out=state)
+    assert S_in is state and (state - S_ref).abs().max() < tol and (o_in - o_ref).abs().max() < tol
+    state_ref = S0.clone()  # the reference route of the dispatcher (gates, then the decode step)
+    o_r, _ = tk.gdn_decode_step_gated(q, k, v, b, a, A_log, dt_bias, state_ref, out=state_ref)
+    assert torch.equal(state_ref, S_ref.to(state_ref.dtype)) and (o_r - o_ref).abs().max() < 1e-6
+    with pytest.raises(ValueError, match="A_log"):
+        gdn_tr.gdn_decode_step_gated(q, k, v, b, a, A_log[:1], dt_bias, S0)
+
+
 def test_gdn_decode_steps_follow_the_sequential_chain_and_check_shapes():
     g = torch.Generator().manual_seed(3)
     t, h, hv, dk, dv = 5, 2, 4, 16, 24
@@ -702,3 +737,28 @@ def test_gdn_decode_steps_follow_the_sequential_chain_and_check_shapes():
         gdn_naive.gdn_decode_step(q[:1], k[:1], v[:1], gate[:1], beta[:1], S0[:, :8])
     with pytest.raises(ValueError, match="out must be"):
         gdn_tr.gdn_decode_step(q[:1], k[:1], v[:1], gate[:1], beta[:1], S0, out=S0.double())
+
+
+# ------------------------------------------------------------------------------------- kv write
+
+@pytest.mark.parametrize("t, dtype", [(1, torch.bfloat16), (5, torch.float32)])
+def test_kv_write_static_puts_the_rows_at_the_device_offset(t, dtype):
+    """The fast path's K/V cache write, one launch: rows start .. start + t - 1 of both buffers
+    take the new rows (v a strided view, as the packed projection gives), nothing else moves."""
+    from tree_kernels.kv_write import naive as kv_naive
+    from tree_kernels.kv_write import triton as kv_tr
+
+    g = torch.Generator().manual_seed(t)
+    hkv, d, cap = 3, 20, 40
+    kb, vb = torch.randn(cap, hkv, d, generator=g).to(dtype), torch.randn(cap, hkv, d, generator=g).to(dtype)
+    k = torch.randn(t, hkv, d, generator=g).to(dtype)
+    v = torch.randn(t, hkv * d + 7, generator=g).to(dtype)[:, : hkv * d].view(t, hkv, d)
+    start = torch.tensor(17)
+    want_k, want_v = kb.clone(), vb.clone()
+    kv_naive.kv_write_static(want_k, want_v, start, k, v)
+    assert torch.equal(want_k[17 : 17 + t], k) and torch.equal(want_v[17 : 17 + t], v)
+    got_k, got_v = kb.clone(), vb.clone()
+    kv_tr.kv_write_static(got_k, got_v, start, k, v, block=16)  # several chunks per row
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    with pytest.raises(ValueError, match="do not fit"):
+        kv_tr.kv_write_static(got_k, got_v, start, k[:, :2], v)

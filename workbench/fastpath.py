@@ -76,8 +76,8 @@ def compiled_layers(target, enabled: bool = True, fused_norms: bool = False):
         target.layer_fn = old
 
 
-def _call_layer(layer, x, tree, cache, cos, sin, mode):
-    return layer(x, tree, cache, cos, sin, mode)
+def _call_layer(layer, x, tree, cache, cos, sin, mode, delta=None):
+    return layer(x, tree, cache, cos, sin, mode, delta)
 
 
 def check_supported(target, drafter, config: GenerationConfig) -> None:

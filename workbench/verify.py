@@ -188,6 +188,15 @@ def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=Non
     return o, _StashPending([stash], [state], [0], anc, flat)
 
 
+def gdn_decode_in_place(mode, q, k, v, b, a, A_log, dt_bias, state, tree: CompiledTree, scale=None):
+    """The fast path's AR step (``tree.commit_in_forward``) from the raw q, k, b, a: the gates and
+    the one-token recurrence in one launch, the state updated in place. Returns (o fp32, None):
+    nothing pends, the state is committed."""
+    _check_commit_in_forward(mode, tree)
+    o, _ = tk.gdn_decode_step_gated(q, k, v, b, a, A_log, dt_bias, state, scale, out=state)
+    return o, None
+
+
 def _check_commit_in_forward(mode: str, tree: CompiledTree) -> None:
     if tree.size != 1 or mode not in ("fork", "unsafe"):
         raise ValueError(f"commit_in_forward is for one-node trees in fork / unsafe, got {tree.size} nodes in {mode!r}")

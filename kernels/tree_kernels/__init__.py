@@ -35,12 +35,15 @@ __all__ = [
     "tree_gdn_fork",
     "tree_gdn_commit",
     "gdn_decode_step",
+    "gdn_decode_step_gated",
     "rms_norm",
     "add_rms_norm",
     "gated_rms_norm",
     "gdn_gates",
     "rotary",
+    "qk_norm_rotary",
     "silu_mul",
+    "sigmoid_mul",
     "fused_norms_enabled",
     "fused_norms_for",
     "set_fused_norms",
@@ -100,6 +103,19 @@ def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", **tuning)
 
         return impl.tree_conv1d(x, conv_state, weight, bias, index, activation, **tuning)
     return conv_naive.tree_conv1d(x, conv_state, weight, bias, index, activation)
+
+
+def gdn_decode_step_gated(q, k, v, b, a, A_log, dt_bias, state, scale=None, out=None):
+    """The AR step's gates and recurrence: gdn_gates (l2-normed q, k; beta; g) then
+    gdn_decode_step, fused into one launch on the Triton route. q, k raw [1, H, dk]; b, a raw
+    [1, HV]. ``out`` may be ``state`` (in place). Returns (o, next state)."""
+    up = torch.promote_types(v.dtype, torch.float32)
+    if up == torch.float32 and _fused(q, k, b, a, A_log, dt_bias) and _floats(v, state):
+        from .tree_gdn import triton as impl
+
+        return impl.gdn_decode_step_gated(q, k, v, b, a, A_log, dt_bias, state, scale, out=out)
+    qn, kn, beta, g = gdn_gates(q, k, b, a, A_log, dt_bias, up)
+    return gdn_decode_step(q=qn, k=kn, v=v, g=g, beta=beta, state=state, scale=scale, out=out)
 
 
 def conv1d_decode_step(x, conv_state, weight, bias=None, activation="silu", out=None):
@@ -201,6 +217,16 @@ def gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype=torch.float32):
     return norms_naive.gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype)
 
 
+def qk_norm_rotary(q, k, wq, wk, eps, zero_centered, cos, sin):
+    """Attention's q / k RMSNorm then rotary: one launch fused (four otherwise). See norms/naive.py."""
+    same = (zero_centered or (wq.dtype == q.dtype and wk.dtype == k.dtype)) and q.dtype == k.dtype == cos.dtype
+    if same and q.dim() == 3 and k.dim() == 3 and k.shape[1] <= q.shape[1] and _fused(q, k, wq, wk, cos, sin):
+        from .norms import triton as impl
+
+        return impl.qk_norm_rotary(q, k, wq, wk, eps, zero_centered, cos, sin)
+    return norms_naive.qk_norm_rotary(q, k, wq, wk, eps, zero_centered, cos, sin)
+
+
 def rotary(x, cos, sin):
     """Rotate-half rotary on the first ``cos.shape[-1]`` channels of each head. See norms/naive.py."""
     if x.dim() == 3 and _fused(x, cos, sin):
@@ -208,6 +234,15 @@ def rotary(x, cos, sin):
 
         return impl.rotary(x, cos, sin)
     return norms_naive.rotary(x, cos, sin)
+
+
+def sigmoid_mul(gate, x):
+    """x * sigmoid(gate), attention's output gate ([T, H, D]). See norms/naive.py."""
+    if gate.dim() == 3 and gate.shape == x.shape and _fused(gate, x):
+        from .norms import triton as impl
+
+        return impl.sigmoid_mul(gate, x)
+    return norms_naive.sigmoid_mul(gate, x)
 
 
 def silu_mul(gate, up):

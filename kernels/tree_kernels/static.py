@@ -27,6 +27,17 @@ def tree_visibility_static(anc, prefix_t, capacity: int, positions=None, window:
     return visible
 
 
+def kv_write_static(k_buf, v_buf, start, k, v) -> None:
+    """The new K/V rows into the cache buffers at the device offset ``start``, in place."""
+    if use_triton(k) and k.dtype in _TRITON_FLOATS and k_buf.is_contiguous() and v_buf.is_contiguous():
+        from .kv_write import triton as impl
+
+        return impl.kv_write_static(k_buf, v_buf, start, k, v)
+    from .kv_write import naive
+
+    return naive.kv_write_static(k_buf, v_buf, start, k, v)
+
+
 def tree_attention_static(q, k_all, v_all, anc, prefix_t, scale=None, positions=None, window=None):
     """tree_attention over the full cache buffers [capacity, Hkv, D], masked by the device prefix length."""
     if use_triton(q) and q.dtype in _TRITON_FLOATS and q.shape[-1] <= 256:

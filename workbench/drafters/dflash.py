@@ -197,7 +197,7 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered=False)
 
     def forward(self, x, ctx, cache, rope, static_rows=None):
-        x, normed = self.post_attention_layernorm.add_and_norm(
+        x, normed = self.post_attention_layernorm(
             x, self.self_attn(self.input_layernorm(x), ctx, cache, *rope, static_rows=static_rows))
         return x + self.mlp(normed)
 

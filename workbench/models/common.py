@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 import tree_kernels as tk
 from torch import nn
-from tree_kernels.static import tree_attention_static
+from tree_kernels.static import kv_write_static, tree_attention_static
 
 from ..tree import CompiledTree, compile_chain
 from .config import TargetConfig
@@ -158,14 +158,14 @@ class RMSNorm(nn.Module):
         self.zero_centered = zero_centered
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None = None):
+        """norm(x); with ``delta``, the pair (x + delta, norm(x + delta)): the residual add fused with
+        the norm that reads it (one launch). Either way through the module call, so hooks see it."""
         # zero-centred: (x̂ (1 + w)) in fp32, then cast (the order transformers uses for these
         # models); plain: w * (x̂ cast to x's dtype). tree_kernels/norms/naive.py is the reference
+        if delta is not None:
+            return tk.add_rms_norm(x, delta, self.weight, self.eps, self.zero_centered)
         return tk.rms_norm(x, self.weight, self.eps, self.zero_centered)
-
-    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x + delta, norm(x + delta)): the residual add fused with the norm that reads it."""
-        return tk.add_rms_norm(x, delta, self.weight, self.eps, self.zero_centered)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,9 +305,7 @@ class KVCache:
 
     def write_static(self, start: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fast path: rows at a device offset; every buffer row is returned (masked by the reader)."""
-        rows = start + torch.arange(k.shape[0], device=k.device)
-        self.k.index_copy_(0, rows, k)
-        self.v.index_copy_(0, rows, v)
+        kv_write_static(self.k, self.v, start, k, v)  # one launch on the Triton route
         return self.k, self.v
 
     def commit_static(self, start: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
@@ -353,23 +351,21 @@ class Attention(PackedModule):
     def forward(self, x, tree: CompiledTree, cache: KVCache, cos, sin, mode: str):
         t = x.shape[0]
         q, k, v = self.projections(x)
-        if self.gated:
+        if self.gated:  # gate: a strided [T, H, D] view, read in place by the fused gate below
             q, gate = q.view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(t, self.heads * self.head_dim)
-        q = self.q_norm(q.reshape(t, self.heads, self.head_dim))
-        k = self.k_norm(k.view(t, self.kv_heads, self.head_dim))
+        # per-head q / k RMSNorm, then rotary (fused: one launch for all four)
+        q, k = tk.qk_norm_rotary(q.reshape(t, self.heads, self.head_dim), k.view(t, self.kv_heads, self.head_dim),
+                                 self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.q_norm.zero_centered, cos, sin)
         v = v.view(t, self.kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if tree.prefix_t is None:
             keys, values = cache.write(tree.prefix_len, k, v)
             o = tk.tree_attention(q, keys, values, tree.anc, tree.prefix_len, self.scale, tree.positions, self.window)
         else:
             keys, values = cache.write_static(tree.prefix_t, k, v)
             o = tree_attention_static(q, keys, values, tree.anc, tree.prefix_t, self.scale, tree.positions, self.window)
-        o = o.reshape(t, self.heads * self.head_dim)
         if self.gated:
-            o = o * torch.sigmoid(gate)
-        return self.o_proj(o)
+            o = tk.sigmoid_mul(gate, o)  # o * sigmoid(gate)
+        return self.o_proj(o.reshape(t, self.heads * self.head_dim))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -389,9 +385,16 @@ class DecoderLayer(nn.Module):
     def mixer(self) -> nn.Module:
         return getattr(self, self.mixer_name)
 
-    def forward(self, x, tree, cache, cos, sin, mode):
-        x, normed = self.post_attention_layernorm.add_and_norm(x, self.mixer(self.input_layernorm(x), tree, cache, cos, sin, mode))
-        return x + self.mlp(normed)
+    def forward(self, x, tree, cache, cos, sin, mode, delta=None):
+        """The layer on the residual stream ``x + delta`` (``delta`` None: just x). Returns the pair
+        (residual, delta) whose sum is the layer's output: the last residual add is left to the next
+        layer's input norm (or the final norm), which fuses it into its own launch."""
+        if delta is None:
+            normed = self.input_layernorm(x)
+        else:
+            x, normed = self.input_layernorm(x, delta)
+        x, normed = self.post_attention_layernorm(x, self.mixer(normed, tree, cache, cos, sin, mode))
+        return x, self.mlp(normed)
 
 
 @dataclass
@@ -499,14 +502,16 @@ class CausalLM(PackableModel):
         captured: list[torch.Tensor | None] = [None] * len(taps)
         states = {}
         run_layer = self.layer_fn or DecoderLayer.__call__
+        delta = None  # each layer hands its last residual add to the next one's norm
         for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
-            x = run_layer(layer, x, tree, layer_cache, cos, sin, mode)
+            x, delta = run_layer(layer, x, tree, layer_cache, cos, sin, mode, delta)
             if i in wanted:
-                captured[wanted[i]] = x
+                captured[wanted[i]] = x + delta
             if record_states and hasattr(layer_cache, "pending") and layer_cache.pending is not None:
                 states[i] = layer_cache.pending.node_states()
-        h = x if logits == "all" else x[-1:]
-        out = self.lm_head(self.model.norm(h))
+        h = x + delta  # the last layer's residual add stays its own launch: the final norm's input and
+        # output are what a logit-lens hook on model.norm reads
+        out = self.lm_head(self.model.norm(h if logits == "all" else h[-1:]))
         tap_tensor = torch.cat(captured, dim=-1) if taps else None  # type: ignore[arg-type]
         return ForwardOutput(out, tap_tensor, states)
 

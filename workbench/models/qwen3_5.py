@@ -134,11 +134,14 @@ class GatedDeltaNet(PackedModule):
         conv_out = verify.tree_conv(mode, mixed, cache.conv_state, self.conv1d.weight[:, 0, :], None, tree)
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         up = torch.promote_types(x.dtype, torch.float32)
-        # l2-normed q, k (fp32), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
-        q, k, beta, g = tk.gdn_gates(q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), b, a,
-                                     self.A_log, self.dt_bias, up)
-        v = v.reshape(t, self.hv, self.dv)
-        o, pending = verify.tree_recurrence(mode, q, k, v, g, beta, cache.state, tree, scale=self.dk**-0.5)
+        q, k, v = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv)
+        if tree.commit_in_forward:  # the AR step: gates, recurrence and the state's update, one launch
+            o, pending = verify.gdn_decode_in_place(mode, q, k, v, b, a, self.A_log, self.dt_bias, cache.state, tree,
+                                                    scale=self.dk**-0.5)
+        else:
+            # l2-normed q, k (fp32), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
+            q, k, beta, g = tk.gdn_gates(q, k, b, a, self.A_log, self.dt_bias, up)
+            o, pending = verify.tree_recurrence(mode, q, k, v, g, beta, cache.state, tree, scale=self.dk**-0.5)
         cache.pending, cache.pending_conv_inputs, cache.pending_mode = pending, mixed, mode
         o = self.norm(o, z, x.dtype)  # o is fp32: the norm rounds it to the activations' dtype first
         return self.out_proj(o.reshape(t, self.value_dim))

@@ -51,6 +51,12 @@ def gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype=torch.float32):
     return qn, kn, beta, g
 
 
+def qk_norm_rotary(q, k, wq, wk, eps: float, zero_centered: bool, cos, sin):
+    """Attention's q / k path: the per-head RMSNorm, then rotary, for each."""
+    return (rotary(rms_norm(q, wq, eps, zero_centered), cos, sin),
+            rotary(rms_norm(k, wk, eps, zero_centered), cos, sin))
+
+
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D]; cos, sin [T, R] with R <= D (rotate-half layout). Channels past R pass through."""
     r = cos.shape[-1]
@@ -59,6 +65,11 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
     out = rot * cos[:, None, :] + rotated * sin[:, None, :]
     return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+def sigmoid_mul(gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The attention output gate: x * sigmoid(gate)."""
+    return x * torch.sigmoid(gate)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -109,10 +109,18 @@ def _gdn_gates_kernel(
     tl.store(KN + out, kn, mask=m)
     rv = tl.arange(0, BHV)
     mv = rv < HV
-    b_raw = tl.load(B + t * sb_t + rv, mask=mv, other=0.0)
-    b = b_raw.to(tl.float32)
-    tl.store(Beta + t * HV + rv, (1.0 / (1.0 + tl.exp(-b))).to(Beta.dtype.element_ty), mask=mv)
-    x = tl.load(A + t * sa_t + rv, mask=mv, other=0.0).to(tl.float32) + tl.load(DtBias + rv, mask=mv, other=0.0).to(tl.float32)
+    beta, g = gdn_gate_values(B + t * sb_t, A + t * sa_t, ALog, DtBias, rv, mv)
+    tl.store(Beta + t * HV + rv, beta.to(Beta.dtype.element_ty), mask=mv)
+    tl.store(G + t * HV + rv, g, mask=mv)
+
+
+@triton.jit
+def gdn_gate_values(B, A, ALog, DtBias, rv, mv):
+    """beta = sigmoid(b) (fp32; the caller rounds it to b's dtype) and g = -exp(A_log) softplus(a +
+    dt_bias) (fp32) for value heads ``rv``: the gates kernel and the fused decode step share it."""
+    b = tl.load(B + rv, mask=mv, other=0.0).to(tl.float32)
+    beta = 1.0 / (1.0 + tl.exp(-b))
+    x = tl.load(A + rv, mask=mv, other=0.0).to(tl.float32) + tl.load(DtBias + rv, mask=mv, other=0.0).to(tl.float32)
     # softplus as torch's (threshold 20); log1p(e) by Kahan's trick: log(u) e / (u - 1), u = 1 + e,
     # exact where a plain log(1 + e) would lose the digits of a small e
     e = tl.exp(tl.minimum(x, 20.0))
@@ -120,7 +128,7 @@ def _gdn_gates_kernel(
     log1p = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))  # no 0/0 even where unused
     sp = tl.where(x > 20.0, x, log1p)
     g = -tl.exp(tl.load(ALog + rv, mask=mv, other=0.0).to(tl.float32)) * sp
-    tl.store(G + t * HV + rv, g, mask=mv)
+    return beta, g
 
 
 @triton.jit
@@ -147,6 +155,50 @@ def _rotary_kernel(X, Cos, Sin, Y, H, sx_t, sx_h, sc_t, D, R, BLOCK: tl.constexp
 
 
 @triton.jit
+def _normed_rotated_row(X, W, Cos, Sin, Y, t, sc_t, D, R, eps, live, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    """One head row: RMSNorm (rounded to x's dtype, as rms_norm), then rotate-half on its first R
+    channels (each product and the sum rounded, as rotary). The partner half is re-read and normed
+    again rather than permuted in registers. ``live``: the row's lane mask (all or nothing)."""
+    offs = tl.arange(0, BLOCK)
+    m = (offs < D) & live
+    half = R // 2
+    in_rot = offs < R
+    partner = tl.where(offs < half, offs + half, offs - half)
+    x_raw = tl.load(X + offs, mask=m, other=0.0)
+    xf = x_raw.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    xp = tl.load(X + partner, mask=m & in_rot, other=0.0).to(tl.float32)
+    w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
+    wp = tl.load(W + partner, mask=m & in_rot, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        y = (xf * inv * (1.0 + w)).to(x_raw.dtype)
+        yp = (xp * inv * (1.0 + wp)).to(x_raw.dtype).to(tl.float32)
+    else:
+        y = (w * (xf * inv).to(x_raw.dtype).to(tl.float32)).to(x_raw.dtype)
+        yp = (wp * (xp * inv).to(x_raw.dtype).to(tl.float32)).to(x_raw.dtype).to(tl.float32)
+    yp = tl.where(offs < half, -yp, yp)  # rotate_half: (-x2, x1)
+    c = tl.load(Cos + t * sc_t + offs, mask=m & in_rot, other=0.0).to(tl.float32)
+    sn = tl.load(Sin + t * sc_t + offs, mask=m & in_rot, other=0.0).to(tl.float32)
+    a = (y.to(tl.float32) * c).to(x_raw.dtype).to(tl.float32)
+    b = (yp * sn).to(x_raw.dtype).to(tl.float32)
+    tl.store(Y + offs, tl.where(in_rot, (a + b).to(x_raw.dtype), y), mask=m)
+
+
+@triton.jit
+def _qk_norm_rotary_kernel(Q, K, WQ, WK, Cos, Sin, QO, KO, HQ, HK, sq_t, sq_h, sk_t, sk_h, sc_t, D, R, eps,
+                           BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    # program (token, head): q head h, and k head h when h < HK (GQA: fewer key heads)
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    _normed_rotated_row(Q + t * sq_t + h * sq_h, WQ, Cos, Sin, QO + (t * HQ + h) * D, t, sc_t, D, R, eps,
+                        offs >= 0, BLOCK, ZERO_CENTERED)
+    kh = tl.minimum(h, HK - 1)
+    _normed_rotated_row(K + t * sk_t + kh * sk_h, WK, Cos, Sin, KO + (t * HK + kh) * D, t, sc_t, D, R, eps,
+                        (offs * 0 + h) < HK, BLOCK, ZERO_CENTERED)
+
+
+@triton.jit
 def _silu_mul_kernel(G, U, Y, N, I, sg, su, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -158,6 +210,20 @@ def _silu_mul_kernel(G, U, Y, N, I, sg, su, BLOCK: tl.constexpr):
     act = (g / (1.0 + tl.exp(-g))).to(g_raw.dtype).to(tl.float32)  # silu in fp32, rounded as torch does
     u = tl.load(U + row * su + col, mask=m, other=0.0).to(tl.float32)
     tl.store(Y + offs, (act * u).to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _sigmoid_mul_kernel(G, X, Y, N, HD, D, sg_t, sg_h, sx_t, BLOCK: tl.constexpr):
+    # y = x * sigmoid(gate) over [T, H, D] (gate rows and heads strided: the attention gate is a
+    # chunk of the q projection), sigmoid rounded to gate's dtype first, as torch does
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    row = offs // HD
+    col = offs % HD
+    g_raw = tl.load(G + row * sg_t + (col // D) * sg_h + col % D, mask=m, other=0.0)
+    act = (1.0 / (1.0 + tl.exp(-g_raw.to(tl.float32)))).to(g_raw.dtype).to(tl.float32)
+    x = tl.load(X + row * sx_t + col, mask=m, other=0.0).to(tl.float32)
+    tl.store(Y + offs, (x * act).to(Y.dtype.element_ty), mask=m)
 
 
 def _rows(x: torch.Tensor):
@@ -266,6 +332,29 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return y
 
 
+def qk_norm_rotary(q, k, wq, wk, eps: float, zero_centered: bool, cos, sin):
+    """Attention's per-head q / k RMSNorm then rotary, both in one launch. q [T, HQ, D], k [T, HK, D]
+    (last dim unit-stride), HK <= HQ; weights of x's dtype (the output keeps it)."""
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    r = cos.shape[-1]
+    if (k.shape != (t, hk, d) or hk > hq or wq.shape != (d,) or wk.shape != (d,) or cos.shape != (t, r)
+            or sin.shape != (t, r) or r > d or r % 2):
+        raise ValueError(f"qk_norm_rotary: q {tuple(q.shape)}, k {tuple(k.shape)}, weights {tuple(wq.shape)} / "
+                         f"{tuple(wk.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    qo = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+    ko = torch.empty(t, hk, d, dtype=k.dtype, device=k.device)
+    if qo.numel():
+        block = max(16, next_pow2(d))
+        _qk_norm_rotary_kernel[(t, hq)](q, k, wq, wk, cos, sin, qo, ko, hq, hk, q.stride(0), q.stride(1),
+                                        k.stride(0), k.stride(1), cos.stride(0), d, r, float(eps), BLOCK=block,
+                                        ZERO_CENTERED=bool(zero_centered), num_warps=_warps(block))
+    return qo, ko
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for [T, I] tensors (rows may be strided). One launch."""
     if gate.shape != up.shape or gate.dim() != 2:
@@ -278,4 +367,21 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if n:
         block = 1024
         _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, y, n, i, gate.stride(0), up.stride(0), BLOCK=block, num_warps=4)
+    return y
+
+
+def sigmoid_mul(gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(gate) for [T, H, D] tensors (gate's rows and heads may be strided; x's rows). One launch."""
+    if gate.shape != x.shape or gate.dim() != 3:
+        raise ValueError(f"sigmoid_mul: gate {tuple(gate.shape)}, x {tuple(x.shape)}")
+    gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+    t, h, d = x.shape
+    if x.stride(-1) != 1 or x.stride(1) != d:
+        x = x.contiguous()
+    y = torch.empty(t, h, d, dtype=torch.promote_types(gate.dtype, x.dtype), device=x.device)
+    n = y.numel()
+    if n:
+        block = 1024
+        _sigmoid_mul_kernel[(triton.cdiv(n, block),)](gate, x, y, n, h * d, d, gate.stride(0), gate.stride(1), x.stride(0),
+                                                      BLOCK=block, num_warps=4)
     return y

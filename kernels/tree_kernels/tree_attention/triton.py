@@ -186,7 +186,7 @@ def default_config(t: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> dic
     MERGE = "launch": the split partials are merged by their own launch, every split at once,
     instead of by the last split's program one split after another (a serial chain of loads).
     H200, 27B dims, prefix 4096, cold graph: T = 64 40.0 us against 61.5 us; one node 16.7 us
-    (with 4 waves of splits) against 32.2 us (data/results/kernels-nvidia-h200-2026-12-03T18.json).
+    (with 4 waves of splits) against 32.2 us (data/results/kernels-nvidia-h200-2026-12-03T17-merge.json).
     """
     if t * (hq // hkv) <= 16 and dtype != torch.float32:
         # the AR step (one node: ``group`` real rows) and two- or three-node trees: a 128-row block

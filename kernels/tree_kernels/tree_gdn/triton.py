@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..norms.triton import gdn_gate_values
 from .._triton_common import as_last_contiguous, dot_precision, mask_as_uint8, launch_with_fallback, next_pow2, path_operand
 from .naive import TreeGDNStash
 
@@ -316,10 +317,10 @@ def _gdn_commit_kernel(
 
 @triton.jit
 def _gdn_decode_kernel(
-    Q, K, V, G, B, S, O, SOut,
+    Q, K, V, G, B, S, O, SOut, ALog, DtBias,
     r, HV, scale,
     sq_h, sk_h, sv_h,
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATED: tl.constexpr,
 ):
     j = tl.program_id(0)  # value head
     kh = j // r  # the key head it reads
@@ -327,11 +328,23 @@ def _gdn_decode_kernel(
     offv = tl.program_id(1) * BV + tl.arange(0, BV)
     km = offk < DK
     vm = offv < DV
-    q = tl.load(Q + kh * sq_h + offk, mask=km, other=0.0).to(tl.float32) * scale
+    q = tl.load(Q + kh * sq_h + offk, mask=km, other=0.0).to(tl.float32)
     k = tl.load(K + kh * sk_h + offk, mask=km, other=0.0).to(tl.float32)
     v = tl.load(V + j * sv_h + offv, mask=vm, other=0.0).to(tl.float32)
-    a = tl.exp(tl.load(G + j).to(tl.float32))
-    beta = tl.load(B + j).to(tl.float32)
+    if GATED:
+        # the gates of the AR step, here instead of a launch of their own: l2-normed q and k (as
+        # _l2norm_heads), beta = sigmoid(b) rounded to b's dtype, g from a (G, B hold raw a, b)
+        q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6))
+        k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
+        lane = tl.arange(0, 2)  # head j's gates as a 2-lane vector, the second lane masked off
+        own = lane < 1
+        beta_v, g_v = gdn_gate_values(B, G, ALog, DtBias, j + lane, own)
+        beta = tl.sum(tl.where(own, beta_v.to(B.dtype.element_ty).to(tl.float32), 0.0), axis=0)
+        a = tl.exp(tl.sum(tl.where(own, g_v, 0.0), axis=0))
+    else:
+        a = tl.exp(tl.load(G + j).to(tl.float32))
+        beta = tl.load(B + j).to(tl.float32)
+    q = q * scale
     tile = j * DK * DV + offk[:, None] * DV + offv[None, :]
     tm = km[:, None] & vm[None, :]
     _, st, o = _decode_tile(tl.load(S + tile, mask=tm, other=0.0), q, k, v, a, beta)
@@ -354,7 +367,7 @@ def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
         # nodes; at 257 stored 300 us against 660 us. With them stored the root peel no longer
         # pays (peeled over unpeeled: 1.15x / 1.02x / 1.06x / 1.12x at 33 / 65 / 129 / 257), and
         # one warp per prepare program stays best (2 / 4 warps: 1.16x / 1.30x at 65;
-        # kernels-nvidia-h200-2026-12-03T18.json). Above 257 nodes (nb^2 stored blocks, 28 MB
+        # kernels-nvidia-h200-2026-12-03T17-merge.json). Above 257 nodes (nb^2 stored blocks, 28 MB
         # at 257) unmeasured, so the chain keeps them.
         return {"BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True,
                 "prep_warps": 1, "ROOT_PEEL": False, "PRE_OFFDIAG": t <= 257}
@@ -493,8 +506,39 @@ def gdn_decode_step(q, k, v, g, beta, state, scale=None, *, out: torch.Tensor | 
     o = torch.empty(1, hv, dv, dtype=torch.float32, device=v.device)
     bv = block_v or min(32, max(16, next_pow2(dv)))
     _gdn_decode_kernel[(hv, triton.cdiv(dv, bv))](
-        q, k, v, g, beta, src, o, out,
+        q, k, v, g, beta, src, o, out, g, g,
         hv // h, hv, scale, q.stride(1), k.stride(1), v.stride(1),
-        DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=bv, num_warps=num_warps,
+        DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=bv, GATED=False, num_warps=num_warps,
+    )
+    return o, out
+
+
+def gdn_decode_step_gated(q, k, v, b, a, A_log, dt_bias, state, scale=None, *, out: torch.Tensor | None = None,
+                          block_v: int | None = None, num_warps: int = 4):
+    """The AR step's gates and recurrence in one launch: q, k raw (the conv's output, not yet
+    l2-normed), b, a raw [1, HV]; the same as gdn_gates then gdn_decode_step. ``out`` may be
+    ``state`` (in place). Returns (o fp32 [1, HV, dv], next state fp32)."""
+    if v.dim() != 3 or v.shape[0] != 1:
+        raise ValueError(f"gdn_decode_step_gated takes one token, got v {tuple(v.shape)}")
+    _, hv, dv = v.shape
+    if b.shape != (1, hv) or a.shape != (1, hv) or A_log.shape != (hv,) or dt_bias.shape != (hv,):
+        raise ValueError(f"gdn_decode_step_gated: b {tuple(b.shape)}, a {tuple(a.shape)}, A_log {tuple(A_log.shape)}, "
+                         f"dt_bias {tuple(dt_bias.shape)} do not fit HV={hv}")
+    _check(q, k, v, a, b, state)
+    h, dk = q.shape[1], q.shape[2]
+    scale = dk**-0.5 if scale is None else float(scale)
+    q, k, v = as_last_contiguous(q), as_last_contiguous(k), as_last_contiguous(v)
+    b, a = b.reshape(hv).contiguous(), a.reshape(hv).contiguous()
+    if out is None:
+        out = torch.empty(hv, dk, dv, dtype=torch.float32, device=v.device)
+    elif out.shape != (hv, dk, dv) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"gdn_decode_step_gated: out must be a contiguous fp32 {(hv, dk, dv)} tensor, got {tuple(out.shape)} {out.dtype}")
+    src = state if (state.dtype == torch.float32 and state.is_contiguous()) else state.float().contiguous()
+    o = torch.empty(1, hv, dv, dtype=torch.float32, device=v.device)
+    bv = block_v or min(32, max(16, next_pow2(dv)))
+    _gdn_decode_kernel[(hv, triton.cdiv(dv, bv))](
+        q, k, v, a, b, src, o, out, A_log, dt_bias,
+        hv // h, hv, scale, q.stride(1), k.stride(1), v.stride(1),
+        DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=bv, GATED=True, num_warps=num_warps,
     )
     return o, out
