@@ -276,18 +276,21 @@ class FastEngine:
                 self._launch_round(first=not rounds)
             h1 = time.perf_counter()
             # the one host sync of the round: the walk's result and the trace's small arrays
-            packed = b.out["packed"].cpu().tolist()
+            packed = b.out["packed"].cpu()
             h2 = time.perf_counter()
-            got = self._unpack(packed)
-            count, new_bonus = got["count"], got["bonus"]
-            if not got["finite"]:
+            # what the next round needs (count, bonus, finite, path, tokens) first; the trace's
+            # arrays are unpacked after the next round is queued, while the device runs it
+            head = packed[: self._head_size].tolist()
+            count, new_bonus = int(head[0]), int(head[1])
+            if not bool(head[2]):
                 raise FloatingPointError(f"round {len(rounds)}: target logits contain NaN or inf; stopping")
-            path = got["path"][:count]
+            path = [int(x) for x in head[3 : 3 + count]]
             self.cache.length = position + count
             for c in self.cache.layers:
                 if hasattr(c, "k"):
                     c.length = position + count
-            new_tokens = [got["tokens"][n] for n in path[1:]] + [new_bonus]
+            tokens_at = 3 + self._path_size
+            new_tokens = [int(head[tokens_at + n]) for n in path[1:]] + [new_bonus]
             stop = extend_generated(generated, new_tokens, eos, cfg.max_new_tokens)
             # queue the next round before the trace bookkeeping, so the device runs while the host
             # records (the steps read only device buffers, and everything recorded is in `packed`)
@@ -295,7 +298,8 @@ class FastEngine:
             if queued:
                 self._launch_round(first=False)
             h3 = time.perf_counter()
-            rounds.append(self._round_trace(len(rounds), position, bonus, path, got, {"launch": h1 - h0, "sync": h2 - h1}))
+            got = self._unpack(packed.tolist())
+            rounds.append(self._round_trace(len(rounds), position, bonus, got["path"][:count], got, {"launch": h1 - h0, "sync": h2 - h1}))
             if progress:
                 progress(len(new_tokens))
             host_seconds += (h1 - h0) + ((h3 if queued else time.perf_counter()) - h2)
@@ -312,8 +316,16 @@ class FastEngine:
             prompt_text=tokenizer.decode(prompt) if tokenizer is not None else None,
         )
 
+    @property
+    def _path_size(self) -> int:  # the padded path's slots in the packed buffer
+        return (self.depth if self.cfg.method != "ar" else 0) + 1
+
+    @property
+    def _head_size(self) -> int:  # count, bonus, finite, path, tokens: what the next round needs
+        return 3 + self._path_size + self.nodes
+
     def _unpack(self, packed: list[float]) -> dict:
-        n, d = self.nodes, (self.depth if self.cfg.method != "ar" else 0) + 1
+        n, d = self.nodes, self._path_size
         got = {"count": int(packed[0]), "bonus": int(packed[1]), "finite": bool(packed[2])}
         i = 3
         for name, size, kind in (("path", d, int), ("tokens", n, int), ("parents", n, int), ("depths", n, int),
