@@ -493,24 +493,7 @@ def gdn_decode_step(q, k, v, g, beta, state, scale=None, *, out: torch.Tensor | 
     if v.dim() != 3 or v.shape[0] != 1:
         raise ValueError(f"gdn_decode_step takes one token, got v {tuple(v.shape)}")
     _check(q, k, v, g, beta, state)  # one node: no ancestor mask
-    _, hv, dv = v.shape
-    h, dk = q.shape[1], q.shape[2]
-    scale = dk**-0.5 if scale is None else float(scale)
-    q, k, v = as_last_contiguous(q), as_last_contiguous(k), as_last_contiguous(v)
-    g, beta = g.reshape(hv).contiguous(), beta.reshape(hv).contiguous()
-    if out is None:
-        out = torch.empty(hv, dk, dv, dtype=torch.float32, device=v.device)
-    elif out.shape != (hv, dk, dv) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"gdn_decode_step: out must be a contiguous fp32 {(hv, dk, dv)} tensor, got {tuple(out.shape)} {out.dtype}")
-    src = state if (state.dtype == torch.float32 and state.is_contiguous()) else state.float().contiguous()
-    o = torch.empty(1, hv, dv, dtype=torch.float32, device=v.device)
-    bv = block_v or min(32, max(16, next_pow2(dv)))
-    _gdn_decode_kernel[(hv, triton.cdiv(dv, bv))](
-        q, k, v, g, beta, src, o, out, g, g,
-        hv // h, hv, scale, q.stride(1), k.stride(1), v.stride(1),
-        DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=bv, GATED=False, num_warps=num_warps,
-    )
-    return o, out
+    return _launch_decode("gdn_decode_step", q, k, v, g, beta, None, None, state, scale, out, block_v, num_warps)
 
 
 def gdn_decode_step_gated(q, k, v, b, a, A_log, dt_bias, state, scale=None, *, out: torch.Tensor | None = None,
@@ -520,25 +503,33 @@ def gdn_decode_step_gated(q, k, v, b, a, A_log, dt_bias, state, scale=None, *, o
     ``state`` (in place). Returns (o fp32 [1, HV, dv], next state fp32)."""
     if v.dim() != 3 or v.shape[0] != 1:
         raise ValueError(f"gdn_decode_step_gated takes one token, got v {tuple(v.shape)}")
-    _, hv, dv = v.shape
+    hv = v.shape[1]
     if b.shape != (1, hv) or a.shape != (1, hv) or A_log.shape != (hv,) or dt_bias.shape != (hv,):
         raise ValueError(f"gdn_decode_step_gated: b {tuple(b.shape)}, a {tuple(a.shape)}, A_log {tuple(A_log.shape)}, "
                          f"dt_bias {tuple(dt_bias.shape)} do not fit HV={hv}")
     _check(q, k, v, a, b, state)
+    return _launch_decode("gdn_decode_step_gated", q, k, v, a, b, A_log, dt_bias, state, scale, out, block_v, num_warps)
+
+
+def _launch_decode(name, q, k, v, g_in, beta_in, A_log, dt_bias, state, scale, out, block_v, num_warps):
+    """The decode kernel's launch for both entry points: ``g_in`` / ``beta_in`` are g and beta, or
+    (``A_log`` given: gated) the raw a and b the kernel turns into them."""
+    _, hv, dv = v.shape
     h, dk = q.shape[1], q.shape[2]
     scale = dk**-0.5 if scale is None else float(scale)
     q, k, v = as_last_contiguous(q), as_last_contiguous(k), as_last_contiguous(v)
-    b, a = b.reshape(hv).contiguous(), a.reshape(hv).contiguous()
+    g_in, beta_in = g_in.reshape(hv).contiguous(), beta_in.reshape(hv).contiguous()
     if out is None:
         out = torch.empty(hv, dk, dv, dtype=torch.float32, device=v.device)
     elif out.shape != (hv, dk, dv) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"gdn_decode_step_gated: out must be a contiguous fp32 {(hv, dk, dv)} tensor, got {tuple(out.shape)} {out.dtype}")
+        raise ValueError(f"{name}: out must be a contiguous fp32 {(hv, dk, dv)} tensor, got {tuple(out.shape)} {out.dtype}")
     src = state if (state.dtype == torch.float32 and state.is_contiguous()) else state.float().contiguous()
     o = torch.empty(1, hv, dv, dtype=torch.float32, device=v.device)
     bv = block_v or min(32, max(16, next_pow2(dv)))
+    gated = A_log is not None
     _gdn_decode_kernel[(hv, triton.cdiv(dv, bv))](
-        q, k, v, a, b, src, o, out, A_log, dt_bias,
+        q, k, v, g_in, beta_in, src, o, out, A_log if gated else g_in, dt_bias if gated else g_in,
         hv // h, hv, scale, q.stride(1), k.stride(1), v.stride(1),
-        DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=bv, GATED=True, num_warps=num_warps,
+        DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=bv, GATED=gated, num_warps=num_warps,
     )
     return o, out
