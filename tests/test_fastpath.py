@@ -244,7 +244,7 @@ def test_the_ar_step_commits_in_the_forward_with_the_same_tokens_and_caches():
     from dataclasses import replace
 
     from workbench.fastpath import use_commit_in_forward
-    from workbench.verify import tree_conv, tree_recurrence, use_gdn_decode_step
+    from workbench.verify import gdn_decode_in_place, tree_conv, tree_recurrence, use_gdn_decode_step
 
     target = random_target("hybrid", seed=12, vocab_size=300, eos_token_id=None)
     prompt = list(range(40, 60))
@@ -270,7 +270,10 @@ def test_the_ar_step_commits_in_the_forward_with_the_same_tokens_and_caches():
     g = torch.Generator().manual_seed(0)
     q, k = torch.nn.functional.normalize(torch.randn(2, 2, 2, 8, generator=g), dim=-1)
     v, gate, beta = torch.randn(2, 4, 8, generator=g), -torch.rand(2, 4, generator=g), torch.rand(2, 4, generator=g)
+    A_log, dt_bias, S0 = torch.zeros(4), torch.ones(4), torch.randn(4, 8, 8, generator=g)
     with pytest.raises(ValueError, match="one-node trees.*2 nodes"):
-        tree_recurrence("fork", q, k, v, gate, beta, torch.randn(4, 8, 8, generator=g), two)
+        gdn_decode_in_place("fork", q, k, v, beta, gate, A_log, dt_bias, S0, two)
+    with pytest.raises(ValueError, match="gdn_decode_in_place"):  # never silently left pending
+        tree_recurrence("fork", q[:1], k[:1], v[:1], gate[:1], beta[:1], S0, replace(compile_chain([5], 0), commit_in_forward=True))
     with pytest.raises(ValueError, match="one-node trees.*'paths'"):
         tree_conv("paths", torch.randn(1, 6), torch.randn(6, 3), torch.randn(6, 4), None, replace(compile_chain([5], 0), commit_in_forward=True))

@@ -155,10 +155,8 @@ class _StatesPending(PendingRecurrence):
 
 def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=None):
     """Gated delta rule over the tree's nodes in the given mode. Returns (o fp32, pending)."""
-    if tree.commit_in_forward:  # the fast path's AR step: the state moves in place, nothing pends
-        _check_commit_in_forward(mode, tree)
-        o, _ = tk.gdn_decode_step(q, k, v, g, beta, state, scale, out=state)
-        return o, None
+    if tree.commit_in_forward:  # that step takes its gates in the same launch: gdn_decode_in_place
+        raise ValueError("a commit_in_forward tree goes through gdn_decode_in_place (raw q, k, b, a), not tree_recurrence")
     if mode == "paths":
         o, states = gdn_naive.tree_gdn_paths(q, k, v, g, beta, state, tree.parents, scale)
         return o, _StatesPending(states)

@@ -353,7 +353,8 @@ class Attention(PackedModule):
         q, k, v = self.projections(x)
         if self.gated:  # gate: a strided [T, H, D] view, read in place by the fused gate below
             q, gate = q.view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
-        # per-head q / k RMSNorm, then rotary (fused: one launch for all four)
+        # per-head q / k RMSNorm, then rotary (fused: one launch for all four; the q_norm / k_norm
+        # modules hold the weights but are not called, so hooks on them do not fire)
         q, k = tk.qk_norm_rotary(q.reshape(t, self.heads, self.head_dim), k.view(t, self.kv_heads, self.head_dim),
                                  self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.q_norm.zero_centered, cos, sin)
         v = v.view(t, self.kv_heads, self.head_dim)
