@@ -8,11 +8,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton_common import next_pow2
+
 __all__ = ["kv_write_static"]
 
 
 @triton.jit
-def _kv_write_kernel(KB, VB, Start, K, V, C, H, D, skb_r, svb_r, sk_t, sk_h, sv_t, sv_h, BLOCK: tl.constexpr):
+def _kv_write_kernel(KB, VB, Start, K, V, C, D, skb_r, svb_r, sk_t, sk_h, sv_t, sv_h, BLOCK: tl.constexpr):
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # flat (head, channel) index in the row
     m = offs < C
@@ -35,8 +37,8 @@ def kv_write_static(k_buf, v_buf, start, k, v, *, block: int = 1024, num_warps: 
         k, v = k.contiguous(), v.contiguous()
     t, hkv, d = k.shape
     c = hkv * d
-    bl = min(block, max(16, triton.next_power_of_2(c)))
+    bl = min(block, max(16, next_pow2(c)))
     _kv_write_kernel[(t, triton.cdiv(c, bl))](
-        k_buf, v_buf, start.reshape(1), k, v, c, hkv, d, k_buf.stride(0), v_buf.stride(0),
+        k_buf, v_buf, start.reshape(1), k, v, c, d, k_buf.stride(0), v_buf.stride(0),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), BLOCK=bl, num_warps=num_warps,
     )

@@ -31,16 +31,21 @@ def _normed_row(X, pid, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _norm_weight(nx, w, like, ZERO_CENTERED: tl.constexpr):
+    """The weight on x̂ (fp32 in, fp32 out; the caller casts once): zero-centred x̂ (1 + w) in fp32
+    (the order transformers uses), plain w * (x̂ cast to ``like``'s dtype first), as the reference."""
+    if ZERO_CENTERED:
+        return nx * (1.0 + w)
+    return w * nx.to(like.dtype).to(tl.float32)
+
+
+@triton.jit
 def _rms_norm_kernel(X, W, Y, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     x_raw, nx, m = _normed_row(X, pid, n1, sx0, sx1, D, eps, BLOCK)
     w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
-    if ZERO_CENTERED:
-        y = nx * (1.0 + w)  # fp32, cast once (the order transformers uses)
-    else:
-        y = w * nx.to(x_raw.dtype).to(tl.float32)  # x̂ cast to x's dtype first, as the reference
-    tl.store(Y + pid * D + offs, y.to(Y.dtype.element_ty), mask=m)
+    tl.store(Y + pid * D + offs, _norm_weight(nx, w, x_raw, ZERO_CENTERED).to(Y.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -55,11 +60,7 @@ def _add_rms_norm_kernel(X, Dl, H, W, Y, D, eps, BLOCK: tl.constexpr, ZERO_CENTE
     hf = h.to(tl.float32)
     nx = hf * (1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps))
     w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
-    if ZERO_CENTERED:
-        y = nx * (1.0 + w)
-    else:
-        y = w * nx.to(x.dtype).to(tl.float32)
-    tl.store(Y + pid * D + offs, y.to(Y.dtype.element_ty), mask=m)
+    tl.store(Y + pid * D + offs, _norm_weight(nx, w, x, ZERO_CENTERED).to(Y.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -170,12 +171,8 @@ def _normed_rotated_row(X, W, Cos, Sin, Y, t, sc_t, D, R, eps, live, BLOCK: tl.c
     xp = tl.load(X + partner, mask=m & in_rot, other=0.0).to(tl.float32)
     w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
     wp = tl.load(W + partner, mask=m & in_rot, other=0.0).to(tl.float32)
-    if ZERO_CENTERED:
-        y = (xf * inv * (1.0 + w)).to(x_raw.dtype)
-        yp = (xp * inv * (1.0 + wp)).to(x_raw.dtype).to(tl.float32)
-    else:
-        y = (w * (xf * inv).to(x_raw.dtype).to(tl.float32)).to(x_raw.dtype)
-        yp = (wp * (xp * inv).to(x_raw.dtype).to(tl.float32)).to(x_raw.dtype).to(tl.float32)
+    y = _norm_weight(xf * inv, w, x_raw, ZERO_CENTERED).to(x_raw.dtype)
+    yp = _norm_weight(xp * inv, wp, x_raw, ZERO_CENTERED).to(x_raw.dtype).to(tl.float32)
     yp = tl.where(offs < half, -yp, yp)  # rotate_half: (-x2, x1)
     c = tl.load(Cos + t * sc_t + offs, mask=m & in_rot, other=0.0).to(tl.float32)
     sn = tl.load(Sin + t * sc_t + offs, mask=m & in_rot, other=0.0).to(tl.float32)
