@@ -199,7 +199,29 @@ def test_queueing_the_next_round_before_recording_changes_nothing(eos, context):
         assert [r.draft_tokens for r in overlapped.rounds] == [r.draft_tokens for r in serial.rounds]
         assert [r.target_top_tokens for r in overlapped.rounds] == [r.target_top_tokens for r in serial.rounds]
         assert [r.prefix_len for r in overlapped.rounds] == [r.prefix_len for r in serial.rounds]
+        # the overlapped engine did queue rounds ahead (all but the first when nothing bounds it);
+        # the serial one never; a round queued ahead and not needed is the only extra
+        ahead, queued = overlapped.settings["rounds_queued_ahead"], overlapped.settings["rounds_queued"]
+        assert serial.settings["rounds_queued_ahead"] == 0 and serial.settings["rounds_queued"] == len(serial.rounds)
+        assert ahead >= len(overlapped.rounds) // 2 and queued - len(overlapped.rounds) in (0, 1)
     assert serial.stop_reason == {(None, 4096): "max_new_tokens", (7, 4096): "eos", (None, 40): "context"}[eos, context]
+
+
+def test_rounds_queued_ahead_stay_inside_the_cache():
+    # max_len leaves no slack: a round queued ahead must still fit wherever the unread round ends
+    # (the CPU KV cache raises on a write past its capacity), and stop exactly as the serial engine
+    target = random_target("hybrid", seed=3, vocab_size=40, eos_token_id=None)
+    drafter = DFlashDrafter(random_dflash(target, seed=5, block_size=6, mask_token_id=39), target)
+    prompt = [5, 6, 7, 8]
+    for method in ("ar", "dflash", "ddtree"):
+        cfg = GenerationConfig(method=method, budget=8, max_new_tokens=25, temperature=0.0, trace_topk=0, draft_trace_k=0)
+        engine = FastEngine(target, drafter, cfg, max_len=len(prompt) + 25)
+        with pytest.raises(ValueError, match="max_len"):
+            engine.generate(prompt + [9])
+        got = engine.generate(prompt)
+        want = FastEngine(target, drafter, cfg, max_len=len(prompt) + 25, overlap_host=False).generate(prompt)
+        assert got.generated_ids == want.generated_ids and len(got.generated_ids) == 25
+        assert got.settings["rounds_queued_ahead"] > 0
 
 
 def test_the_gdn_decode_step_on_the_ar_route_changes_no_token():

@@ -5,7 +5,7 @@ everything a round needs kept on the device:
 
     graph "draft"   bonus, position, last round's accepted features -> per-depth top-k
     graph "round"   top-k -> tree (static best-first) -> verify -> choices -> walk -> commit
-    host            read the walk's result (the one sync), decide to stop, queue the next round, then record the trace
+    host            queue round i+1, read round i's result (the one sync), decide to stop, record the trace
 
 Shapes are fixed per (method, budget): the tree always has ``budget + 1`` slots, attention
 reads the whole KV buffer masked by a device prefix length, commits take a padded path. On
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -102,13 +103,31 @@ class _Buffers:
     out: dict = field(default_factory=dict)  # tensors written by the round step
 
 
+@dataclass
+class _QueuedRound:
+    slot: torch.Tensor  # host tensor the round's packed result is copied into
+    start: "torch.cuda.Event | None"  # device timestamps around the round (CUDA only)
+    end: "torch.cuda.Event | None"
+
+    def wait(self) -> torch.Tensor:
+        if self.end is not None:
+            self.end.synchronize()
+        return self.slot
+
+
+def _record_event() -> "torch.cuda.Event":
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
 class FastEngine:
     """Generate with static shapes; CUDA graphs on CUDA (``use_graphs`` forces on/off)."""
 
     def __init__(self, target, drafter, config: GenerationConfig, max_len: int, use_graphs: bool | None = None,
                  overlap_host: bool = True):
         self.cfg = config.validate()
-        self.overlap_host = overlap_host  # queue the next round before recording the last one
+        self.overlap_host = overlap_host  # keep the device one round ahead of the host
         check_supported(target, drafter, config)
         self.target = target
         self.drafter = drafter if config.method != "ar" else None
@@ -124,7 +143,8 @@ class FastEngine:
         self.taps = tuple(self.drafter.target_layer_ids) if self.drafter else ()
         self.trace_k = min(self.k, config.draft_trace_k)
         self.max_len = max_len
-        self.cache = target.new_cache(max_len + self.nodes + 2)
+        # room for one round queued ahead of the host past max_len (see _room_ahead)
+        self.cache = target.new_cache(max_len + self.nodes + 2 + self._path_size)
         hidden = target.config.hidden_size * max(1, len(self.taps))
         dev = self.device
         self.buf = _Buffers(
@@ -136,6 +156,7 @@ class FastEngine:
             draft_logprobs=torch.zeros(max(self.depth, 1), max(self.k, 1), dtype=torch.float32, device=dev),
         )
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self._slots: list[torch.Tensor] | None = None  # host copies of the packed result, one per queued round
         # AR: the one node is always accepted, so the recurrent layers commit during the forward
         # (two launches fewer per GDN layer, seven per attention layer). Tied to the decode-step
         # switch so that use_gdn_decode_step(False) still measures the fork + commit route.
@@ -187,6 +208,31 @@ class FastEngine:
             self._run("draft", self._draft_step)
         self._run("round", self._round_step)
 
+    def _queue_round(self, first: bool, queued: list) -> "_QueuedRound":
+        """Queue one round and a copy of its packed result into a host slot (two slots: a third
+        round is queued only after the host has read the first)."""
+        cuda = self.device.type == "cuda"
+        start = _record_event() if cuda else None
+        self._launch_round(first)
+        packed = self.buf.out["packed"]
+        if self._slots is None:
+            self._slots = [torch.empty(packed.shape, dtype=packed.dtype, pin_memory=cuda) for _ in range(2)]
+        slot = self._slots[len(queued) % 2]
+        slot.copy_(packed, non_blocking=cuda)
+        job = _QueuedRound(slot, start, _record_event() if cuda else None)
+        queued.append(job)
+        return job
+
+    def _room_ahead(self, in_flight: int, generated: int, context: int) -> bool:
+        """Whether another round may be queued behind ``in_flight`` unread ones: it must fit the
+        context and the cache wherever those rounds end (each advances by at most the path), and
+        not be certain to go unused (each round adds at least one token)."""
+        if in_flight != 1:
+            return False
+        top = self.cache.length + in_flight * self._path_size
+        return (generated + in_flight < self.cfg.max_new_tokens and top + self.block + 1 <= context
+                and top + self.nodes + 2 <= self.cache.capacity)
+
     def _run(self, name: str, fn) -> None:
         if not self.use_graphs:
             fn()
@@ -231,7 +277,7 @@ class FastEngine:
     def generate(self, prompt_ids, tokenizer=None, progress=None) -> Trace:
         cfg = self.cfg
         prompt = check_prompt(prompt_ids, self.target)
-        if len(prompt) + cfg.max_new_tokens + self.nodes + 2 > self.cache.capacity:
+        if len(prompt) + cfg.max_new_tokens > self.max_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({cfg.max_new_tokens}) exceeds the engine's max_len {self.max_len}")
         for c in self.cache.layers:  # a fresh generation: reset the committed state
             if hasattr(c, "k"):
@@ -264,50 +310,54 @@ class FastEngine:
             stop = "eos"
         elif len(generated) >= cfg.max_new_tokens:
             stop = "max_new_tokens"
-        host_seconds = 0.0  # time the device waits on the host: launches, and work between the sync and the next launch
-        queued = False  # the next round's steps are already on the device's queue
+        # Rounds on the device's queue that the host has not read yet, oldest first. With
+        # overlap_host the device is kept one round ahead: round i+1 is queued before the host
+        # waits on round i, so the host's reading, stopping and recording run while the device
+        # works (each round reads only device buffers the one before wrote).
+        pending: deque[_QueuedRound] = deque()
+        queued: list[_QueuedRound] = []
+        host_busy, queued_ahead = 0.0, 0  # host time in the loop outside the waits; rounds queued ahead
         while stop is None:
-            position = self.cache.length
-            if position + self.block + 1 > context:
-                stop = "context"
-                break
             h0 = time.perf_counter()
-            if not queued:
-                self._launch_round(first=not rounds)
+            position = self.cache.length
+            if not pending:
+                if position + self.block + 1 > context:
+                    stop = "context"
+                    break
+                pending.append(self._queue_round(first=not queued, queued=queued))
+            if self.overlap_host and self._room_ahead(len(pending), len(generated), context):
+                pending.append(self._queue_round(first=False, queued=queued))
+                queued_ahead += 1
             h1 = time.perf_counter()
-            # the one host sync of the round: the walk's result and the trace's small arrays
-            packed = b.out["packed"].cpu()
+            current = pending.popleft()
+            packed = current.wait()  # the one host sync of the round
             h2 = time.perf_counter()
-            # what the next round needs (count, bonus, finite, path, tokens) first; the trace's
-            # arrays are unpacked after the next round is queued, while the device runs it
-            head = packed[: self._head_size].tolist()
-            count, new_bonus = int(head[0]), int(head[1])
-            if not bool(head[2]):
+            got = self._unpack(packed.tolist())
+            count = got["count"]
+            if not got["finite"]:
                 raise FloatingPointError(f"round {len(rounds)}: target logits contain NaN or inf; stopping")
-            path = [int(x) for x in head[3 : 3 + count]]
+            path = got["path"][:count]
             self.cache.length = position + count
             for c in self.cache.layers:
                 if hasattr(c, "k"):
                     c.length = position + count
-            tokens_at = 3 + self._path_size
-            new_tokens = [int(head[tokens_at + n]) for n in path[1:]] + [new_bonus]
+            new_tokens = [got["tokens"][n] for n in path[1:]] + [got["bonus"]]
             stop = extend_generated(generated, new_tokens, eos, cfg.max_new_tokens)
-            # queue the next round before the trace bookkeeping, so the device runs while the host
-            # records (the steps read only device buffers, and everything recorded is in `packed`)
-            queued = self.overlap_host and stop is None and self.cache.length + self.block + 1 <= context
-            if queued:
-                self._launch_round(first=False)
-            h3 = time.perf_counter()
-            got = self._unpack(packed.tolist())
-            rounds.append(self._round_trace(len(rounds), position, bonus, got["path"][:count], got, {"launch": h1 - h0, "sync": h2 - h1}))
+            rounds.append(self._round_trace(len(rounds), position, bonus, path, got, {"launch": h1 - h0, "sync": h2 - h1}))
             if progress:
                 progress(len(new_tokens))
-            host_seconds += (h1 - h0) + ((h3 if queued else time.perf_counter()) - h2)
-            bonus = new_bonus
+            bonus = got["bonus"]
+            host_busy += (h1 - h0) + (time.perf_counter() - h2)
+        if sync:  # a round queued ahead and not needed still ran: its time is charged to the decode
+            torch.cuda.synchronize()
+        # the time the device sat idle between rounds, waiting for the host to queue the next one
+        # (device timestamps); without them (CPU) the host's time in the loop outside the waits
+        host_seconds = sum(a.end.elapsed_time(b.start) for a, b in zip(queued, queued[1:])) / 1e3 if sync else host_busy
         decode_seconds = time.perf_counter() - t0 - prefill_seconds
         settings = asdict(cfg)
         settings.update(target=getattr(self.target, "source_directory", None), engine="fast", graphs=self.use_graphs,
-                        host_seconds=host_seconds)
+                        host_seconds=host_seconds, host_busy_seconds=host_busy, rounds_queued=len(queued),
+                        rounds_queued_ahead=queued_ahead)
         settings["drafter"] = getattr(self.drafter, "name", None) if self.drafter is not None else None
         return Trace(
             prompt_ids=prompt, generated_ids=generated, rounds=rounds, settings=settings,
@@ -319,10 +369,6 @@ class FastEngine:
     @property
     def _path_size(self) -> int:  # the padded path's slots in the packed buffer
         return (self.depth if self.cfg.method != "ar" else 0) + 1
-
-    @property
-    def _head_size(self) -> int:  # count, bonus, finite, path, tokens: what the next round needs
-        return 3 + self._path_size + self.nodes
 
     def _unpack(self, packed: list[float]) -> dict:
         n, d = self.nodes, self._path_size

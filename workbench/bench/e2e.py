@@ -148,7 +148,7 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
         if args.both_norms and temperature == 0:  # the same engine with the fused-norm switch the other way
             configs += [("ar", 1, "fork", other), ("dflash", 1, "fork", other)]
             configs += [("ddtree", b, "fork", other) for b in budgets]
-        if args.serial_host and temperature == 0:  # the host records each round before queueing the next
+        if args.serial_host and temperature == 0:  # the host reads each round before queueing the next
             configs += [("ar", 1, "fork", main + SERIAL), ("dflash", 1, "fork", main + SERIAL)]
             configs += [("ddtree", b, "fork", main + SERIAL) for b in budgets]
         for method, budget, mode, variant in configs:
@@ -157,13 +157,14 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
             with tk.use_fused_norms(variant.startswith("fused_norms")):
                 engine = FastEngine(target, drafter, cfg, max_len=max_len, overlap_host=not variant.endswith(SERIAL))
                 engine.generate(ids[0])  # warm-up: captures the graphs
-                tokens = seconds = host = 0.0
+                tokens = seconds = host = busy = 0.0
                 taus, identical, outputs = [], 0, []
                 for x in ids:
                     trace = engine.generate(x)
                     tokens += len(trace.generated_ids)
                     seconds += trace.decode_seconds
                     host += trace.settings["host_seconds"]
+                    busy += trace.settings["host_busy_seconds"]
                     taus += trace.acceptance_lengths
                     outputs.append(trace.generated_ids)
             key = (temperature,)
@@ -176,12 +177,14 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
                 "pair": name, "method": method, "budget": budget if method == "ddtree" else None, "recurrent": mode, "variant": variant,
                 "temperature": temperature, "prompts": len(ids), "tokens": tokens,
                 "tokens_per_second": tokens / seconds, "mean_acceptance": statistics.fmean(taus),
-                "host_fraction": host / seconds, "rounds": len(taus),
+                # host_fraction: the device idle between rounds waiting on the host (device timestamps);
+                # host_busy_fraction: the host's own time per round, hidden while a round is queued ahead
+                "host_fraction": host / seconds, "host_busy_fraction": busy / seconds, "rounds": len(taus),
                 "identical_to_ar": identical if (method, variant) != ("ar", main) else len(ids),
             }
             rows.append(row)
             log(f"{name} T={temperature} {method:6s} b={budget:4d} {mode:6s} {variant}: {row['tokens_per_second']:8.1f} tok/s "
-                f"tau {row['mean_acceptance']:.2f} host {100 * row['host_fraction']:.1f}% identical {row['identical_to_ar']}/{len(ids)}")
+                f"tau {row['mean_acceptance']:.2f} host {100 * row['host_fraction']:.1f}% (busy {100 * row['host_busy_fraction']:.0f}%) identical {row['identical_to_ar']}/{len(ids)}")
             del engine
     hf = {}
     if not args.skip_hf:
