@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .backend import (fused_norms_enabled, get_backend, set_backend, set_fused_norms, triton_available, use_backend,
-                      use_fused_norms, use_triton)
+from .backend import (fused_norms_enabled, gemv_enabled, get_backend, set_backend, set_fused_norms, set_gemv,
+                      triton_available, use_backend, use_fused_norms, use_gemv, use_triton)
 from .tree_attention import naive as attention_naive
 from .tree_build import naive as build_naive
 from .tree_conv import naive as conv_naive
@@ -48,6 +48,10 @@ __all__ = [
     "fused_norms_for",
     "set_fused_norms",
     "use_fused_norms",
+    "linear",
+    "gemv_enabled",
+    "set_gemv",
+    "use_gemv",
 ]
 
 
@@ -243,6 +247,19 @@ def sigmoid_mul(gate, x):
 
         return impl.sigmoid_mul(gate, x)
     return norms_naive.sigmoid_mul(gate, x)
+
+
+def linear(x, weight, bias=None):
+    """``F.linear(x, weight, bias)``; one row in half precision (the AR step) takes the Triton GEMV
+    where Triton runs (switch: use_gemv). See gemv/naive.py. No backward: with gradients wanted,
+    F.linear."""
+    if (x.dim() == 2 and x.shape[0] == 1 and gemv_enabled() and x.dtype in (torch.float16, torch.bfloat16)
+            and weight.dtype == x.dtype and weight.stride(-1) == 1 and use_triton(x)
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        from .gemv import triton as impl
+
+        return impl.gemv(x, weight, bias, impl.config_for(weight))
+    return torch.nn.functional.linear(x, weight, bias)
 
 
 def silu_mul(gate, up):

@@ -43,6 +43,31 @@ def use_fused_norms(enabled: bool = True):
         set_fused_norms(old)
 
 
+# The one-row linear layers (the AR step's GEMMs) as a Triton GEMV: on the H200 it reads the 27B
+# weights at 97-109 % of the copy bandwidth where cuBLAS reads them at 83-101 %
+# (data/results/gemv-*). WORKBENCH_GEMV=0 (or set_gemv(False)) keeps cuBLAS.
+_gemv = os.environ.get("WORKBENCH_GEMV", "1").lower() not in ("0", "false", "off", "no")
+
+
+def set_gemv(enabled: bool) -> None:
+    global _gemv
+    _gemv = bool(enabled)
+
+
+def gemv_enabled() -> bool:
+    return _gemv
+
+
+@contextlib.contextmanager
+def use_gemv(enabled: bool = True):
+    old = _gemv
+    set_gemv(enabled)
+    try:
+        yield
+    finally:
+        set_gemv(old)
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

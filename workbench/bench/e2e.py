@@ -424,6 +424,11 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         from ..fastpath import use_commit_in_forward
 
         out["commit_in_forward_off"] = variant("commit in forward off", use_commit_in_forward(False))
+    if args.gemv:  # the one-row GEMMs through cuBLAS again instead of the Triton GEMV
+        import tree_kernels as tk
+
+        out["gemv_" + ("off" if tk.gemv_enabled() else "on")] = variant("gemv " + ("off" if tk.gemv_enabled() else "on"),
+                                                                       tk.use_gemv(not tk.gemv_enabled()))
     # projection from measured acceptance (part 1, hybrid pair, T=0, fork)
     projection = {}
     for budget in args.budgets_27b:
@@ -466,6 +471,8 @@ def main(argv=None) -> dict:
                    help="also time the other setting of the fused-norm switch (pairs at T=0; 27B AR step and 65-token verify)")
     p.add_argument("--decode-step", action="store_true",
                    help="27B dims: also the AR step and 65-token verify with the GDN decode-step switch the other way")
+    p.add_argument("--gemv", action="store_true",
+                   help="27B dims: also the AR step and 65-token verify with the Triton GEMV switch the other way (cuBLAS)")
     p.add_argument("--serial-host", action="store_true",
                    help="pairs at T=0: also run with the host recording each round before queueing the next "
                         "(rows of variant <norms>/serial_host)")

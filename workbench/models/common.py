@@ -25,6 +25,14 @@ from ..tree import CompiledTree, compile_chain
 from .config import TargetConfig
 
 # ----------------------------------------------------------------------------------------------
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, keys and hooks) whose one-row calls, the AR step's, take the
+    Triton GEMV where Triton runs (tree_kernels.linear)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return tk.linear(x, self.weight, self.bias)
+
+
 # packed projections: the Linear layers of one input as one GEMM (as serving engines do)
 
 
@@ -71,7 +79,7 @@ class PackedLinears:
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The Linears' outputs, in order: column slices of one GEMM's output."""
-        return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
+        return list(tk.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
 
 
 def pack_linears(*linears: nn.Linear) -> PackedLinears | None:
@@ -205,9 +213,9 @@ class MLP(PackedModule):
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = Linear(hidden, intermediate, bias=False)
+        self.up_proj = Linear(hidden, intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x):
         gate, up = self.projections(x)  # packed: column slices of one [T, 2I] output (silu_mul reads strided rows)
@@ -239,11 +247,11 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
-        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.gate = Linear(hidden, num_experts, bias=False)
         self.experts = Experts(num_experts, hidden, intermediate)
         if shared_intermediate:
             self.shared_expert = MLP(hidden, shared_intermediate)
-            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+            self.shared_expert_gate = Linear(hidden, 1, bias=False)
         else:
             self.shared_expert = None
 
@@ -338,10 +346,10 @@ class Attention(PackedModule):
         self.scale = d**-0.5
         self.window = config.sliding_window if config.layer_types[layer] == "sliding_attention" else None
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, h * d * (2 if gated else 1), bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(h * d, config.hidden_size, bias=bias)
+        self.q_proj = Linear(config.hidden_size, h * d * (2 if gated else 1), bias=bias)
+        self.k_proj = Linear(config.hidden_size, self.kv_heads * d, bias=bias)
+        self.v_proj = Linear(config.hidden_size, self.kv_heads * d, bias=bias)
+        self.o_proj = Linear(h * d, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(d, config.rms_norm_eps, zero_centered_norm)
         self.k_norm = RMSNorm(d, config.rms_norm_eps, zero_centered_norm)
 
@@ -443,7 +451,7 @@ class CausalLM(PackableModel):
         self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, zero_centered)
         inv_freq, scaling = config.inv_freq()
         self.rotary = Rotary(inv_freq, scaling)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         # how a decoder layer is run: None calls it; the fast path may install a compiled
         # function of (layer, x, tree, cache, cos, sin, mode) shared by all layers of a kind

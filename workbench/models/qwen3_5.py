@@ -24,7 +24,7 @@ from tree_kernels import tree_conv_commit
 
 from .. import verify
 from ..tree import CompiledTree
-from .common import Attention, CausalLM, DecoderLayer, PackedModule, make_feed_forward
+from .common import Attention, CausalLM, DecoderLayer, Linear, PackedModule, make_feed_forward
 from .config import TargetConfig
 
 
@@ -97,19 +97,19 @@ class GatedDeltaNet(PackedModule):
         hidden = config.hidden_size
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.conv_width, groups=self.conv_dim, bias=False)
         if fused_projections:
-            self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
-            self.in_proj_ba = nn.Linear(hidden, 2 * self.hv, bias=False)
+            self.in_proj_qkvz = Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = Linear(hidden, 2 * self.hv, bias=False)
             self.packable = ("in_proj_qkvz", "in_proj_ba")
         else:
-            self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
-            self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
-            self.in_proj_b = nn.Linear(hidden, self.hv, bias=False)
-            self.in_proj_a = nn.Linear(hidden, self.hv, bias=False)
+            self.in_proj_qkv = Linear(hidden, self.conv_dim, bias=False)
+            self.in_proj_z = Linear(hidden, self.value_dim, bias=False)
+            self.in_proj_b = Linear(hidden, self.hv, bias=False)
+            self.in_proj_a = Linear(hidden, self.hv, bias=False)
             self.packable = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self.out_proj = Linear(self.value_dim, hidden, bias=False)
 
     def new_cache(self, max_len: int, dtype, device) -> RecurrentCache:
         return RecurrentCache(self.hv, self.dk, self.dv, self.conv_dim, self.conv_width, dtype, device)

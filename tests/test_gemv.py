@@ -1,0 +1,92 @@
+"""The one-row linear layer (the AR step's GEMMs): the Triton GEMV against its reference and
+F.linear, under TRITON_INTERPRET=1 on CPU, and its dispatch from the models."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import tree_kernels as tk  # noqa: E402
+from tree_kernels.gemv import naive  # noqa: E402
+
+triton_gemv = pytest.importorskip("tree_kernels.gemv.triton")
+
+
+@pytest.mark.parametrize("n, k, config", [
+    (37, 300, {}),  # ragged rows and K
+    (64, 1024, {"BLOCK_N": 16, "BLOCK_K": 128}),
+    (64, 1000, {"SPLIT_K": 3, "BLOCK_K": 128}),  # split-K: partials and the second launch
+    (5, 77, {"BLOCK_N": 4, "BLOCK_K": 32, "SPLIT_K": 2}),
+])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_triton_gemv_matches_the_reference(n, k, config, with_bias):
+    g = torch.Generator().manual_seed(n * k)
+    x = torch.randn(1, k, generator=g)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if with_bias else None
+    # fp32 inputs: the same sum in another order, so only rounding apart
+    torch.testing.assert_close(triton_gemv.gemv(x, w, b, config), naive.gemv(x, w, b), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(naive.gemv(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    # bf16: within one rounding of the bf16 output
+    xb, wb = x.bfloat16(), w.bfloat16()
+    bb = None if b is None else b.bfloat16()
+    got, want = triton_gemv.gemv(xb, wb, bb, config).float(), naive.gemv(xb, wb, bb).float()
+    assert got.dtype == torch.float32 and ((got - want).abs() <= 2 ** -7 * want.abs() + 1e-2).all()
+
+
+def test_gemv_rejects_shapes_that_do_not_fit():
+    x, w = torch.randn(1, 8), torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"x must be \[1, K\]"):
+        naive.gemv(torch.randn(2, 8), w)
+    with pytest.raises(ValueError, match=r"weight \(4, 9\)"):
+        triton_gemv.gemv(x, torch.randn(4, 9))
+    with pytest.raises(ValueError, match="bias"):
+        triton_gemv.gemv(x, w, torch.randn(5))
+    with pytest.raises(ValueError, match="contiguous"):
+        triton_gemv.gemv(x, torch.randn(8, 4).t())
+
+
+def test_linear_dispatch_takes_the_gemv_for_one_half_precision_row_only(monkeypatch):
+    calls = []
+    real = triton_gemv.gemv
+    monkeypatch.setattr(triton_gemv, "gemv", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    w = torch.randn(12, 40).bfloat16()
+    with tk.use_backend("triton"):
+        one = torch.randn(1, 40).bfloat16()
+        torch.testing.assert_close(tk.linear(one, w), F.linear(one, w), rtol=2e-2, atol=2e-2)
+        assert calls == [(1, 40)]
+        tk.linear(torch.randn(3, 40).bfloat16(), w)  # several rows: cuBLAS's GEMM
+        tk.linear(torch.randn(1, 40), w.float())  # fp32: F.linear
+        with tk.use_gemv(False):
+            tk.linear(one, w)
+        wg = w.clone().requires_grad_()
+        tk.linear(one, wg).float().sum().backward()  # gradients wanted: F.linear, which has a backward
+        assert wg.grad is not None and calls == [(1, 40)]
+    with tk.use_backend("torch"):
+        tk.linear(one, w)
+    assert calls == [(1, 40)]
+
+
+def test_the_models_linears_take_the_gemv_in_the_ar_step(monkeypatch):
+    # the AR step of a bf16 hybrid target: every projection (packed or not) and the LM head go
+    # through tree_kernels.linear with one row, and the logits match the F.linear route
+    from workbench.random_models import random_target
+
+    target = random_target("hybrid", seed=2, vocab_size=64).to(torch.bfloat16)
+    seen = []
+    real = triton_gemv.gemv
+    monkeypatch.setattr(triton_gemv, "gemv", lambda x, w, b=None, c=None: seen.append(tuple(w.shape)) or real(x, w, b, c))
+    ids = list(range(3, 12))
+    with tk.use_backend("torch"):
+        want = target.run_chain(ids, target.new_cache(32), logits="all").logits[-1]
+    cache = target.new_cache(32)
+    with tk.use_backend("torch"):
+        target.run_chain(ids[:-1], cache, logits="last")
+    with tk.use_backend("triton"):
+        got = target.run_chain(ids[-1:], cache, logits="last").logits[-1]
+    layers = len(target.model.layers)
+    assert (target.config.vocab_size, target.config.hidden_size) in seen and len(seen) >= 3 * layers
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)

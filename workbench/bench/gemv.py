@@ -1,0 +1,176 @@
+"""The AR step's GEMMs at Qwen3.6-27B dims, side by side: ``python -m workbench.bench.gemv``.
+
+One token (x [1, K], bf16) through each weight the 27B AR step reads: the packed GDN input
+projection, the GDN output projection, the packed attention q/k/v, attention's output, the
+packed MLP gate/up, the MLP down projection and the LM head. Each is timed as cuBLAS through
+``F.linear`` (what the model runs), ``torch.mv``, ``W @ x.T``, ``F.linear`` with cuBLASLt
+preferred, and the Triton GEMV (kernels/tree_kernels/gemv) over a sweep of its block, warp,
+stage and split-K settings. Timing: a CUDA graph of ``--calls`` calls that cycle through enough
+copies of the weight to keep L2 cold, replayed ``--repeats`` times; the median per call. Reported
+per variant: ms, GB/s of weight read and the fraction of the measured copy bandwidth; the max
+error against an fp32 reference. Results: data/results/gemv-<device>-<date>.json (atomic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..trace import write_json_atomic
+from .e2e import QWEN36_27B, copy_bandwidth_gbs, device_name, log, versions
+
+RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
+
+
+def shapes_27b() -> dict[str, tuple[int, int, int]]:
+    """name -> (N, K, layers that have it) for the 27B AR step."""
+    c = QWEN36_27B
+    h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    key, val, hv = c["linear_num_key_heads"] * c["linear_key_head_dim"], c["linear_num_value_heads"] * c["linear_value_head_dim"], c["linear_num_value_heads"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    layers = c["num_hidden_layers"]
+    attn = layers // c["full_attention_interval"]
+    return {
+        "gdn_in_qkvzba": (2 * key + 2 * val + 2 * hv, h, layers - attn),
+        "gdn_out": (h, val, layers - attn),
+        "attn_qgkv": (2 * q + 2 * kv, h, attn),
+        "attn_o": (h, q, attn),
+        "mlp_gate_up": (2 * inter, h, layers),
+        "mlp_down": (h, inter, layers),
+        "lm_head": (v, h, 1),
+    }
+
+
+def triton_configs(n: int) -> list[dict]:
+    base = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st, SPLIT_K=1)
+            for bn, bk, w, st in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (2, 4))]
+    if n <= 8192:  # few rows: split K so that every SM has work
+        base += [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=3, SPLIT_K=sp)
+                 for bn, bk, w, sp in itertools.product((4, 8, 16), (256, 512), (4, 8), (2, 4, 8))]
+    return base
+
+
+def time_per_call_ms(fn_of_copy, copies: int, calls: int, repeats: int) -> float:
+    """CUDA-graph replay of ``calls`` calls (cycling through the weight copies), median per call."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(copies):
+            fn_of_copy(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn_of_copy(i % copies)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / calls)
+    del graph
+    return statistics.median(times)
+
+
+def bench_shape(name, n, k, args, bandwidth) -> dict:
+    from tree_kernels.gemv import triton as tg
+
+    nbytes = n * k * 2
+    copies = max(2, -(-3 * args.l2_bytes // nbytes))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    ref = F.linear(x.float(), weights[0].float())
+    scale = ref.abs().max().item()
+    variants = {
+        "linear": lambda i: F.linear(x, weights[i]),
+        "mv": lambda i: torch.mv(weights[i], x[0]).view(1, n),
+        "w_at_xt": lambda i: torch.matmul(weights[i], x.t()).view(1, n),
+    }
+    rows = []
+
+    def run(label, fn, config=None, lt=False):
+        try:
+            if lt:
+                torch.backends.cuda.preferred_blas_library("cublaslt")
+            err = (fn(0).float() - ref).abs().max().item() / scale
+            ms = time_per_call_ms(fn, copies, args.calls, args.repeats)
+        except Exception as exc:  # report, never hide
+            rows.append({"variant": label, "config": config, "error": repr(exc)[:300]})
+            return
+        finally:
+            if lt:
+                torch.backends.cuda.preferred_blas_library("cublas")
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        rows.append({"variant": label, "config": config, "ms": ms, "gb_per_s": gbs, "of_copy_bandwidth": gbs / bandwidth,
+                     "max_rel_err": err})
+
+    for label, fn in variants.items():
+        run(label, fn)
+    run("linear_cublaslt", variants["linear"], lt=True)
+    for cfg in triton_configs(n):
+        run("triton", lambda i, cfg=cfg: tg.gemv(x, weights[i], None, cfg), config=cfg)
+    ok = [r for r in rows if "ms" in r]
+    best = min((r for r in ok if r["variant"] == "triton"), key=lambda r: r["ms"], default=None)
+    linear = next((r for r in ok if r["variant"] == "linear"), None)
+    summary = {"name": name, "N": n, "K": k, "weight_mb": nbytes / 1e6, "copies": copies, "rows": rows,
+               "best_triton": best, "linear_ms": linear and linear["ms"],
+               "best_triton_over_linear": best and linear and best["ms"] / linear["ms"]}
+    if best and linear:
+        log(f"{name:14s} N={n:6d} K={k:5d}: linear {linear['ms'] * 1e3:7.1f} us ({100 * linear['of_copy_bandwidth']:.0f}%), "
+            + ", ".join(f"{r['variant']} {r['ms'] * 1e3:.1f}" for r in ok if r["variant"] not in ("linear", "triton"))
+            + f"; triton best {best['ms'] * 1e3:.1f} us ({100 * best['of_copy_bandwidth']:.0f}%) {best['config']}")
+    del weights
+    torch.cuda.empty_cache()
+    return summary
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--l2-bytes", type=int, default=60 << 20, help="copies of each weight span at least 3x this")
+    p.add_argument("--only", default="", help="comma-separated shape names")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.gemv needs a CUDA device")
+    shapes = shapes_27b()
+    wanted = [s for s in args.only.split(",") if s] or list(shapes)
+    unknown = [s for s in wanted if s not in shapes]
+    if unknown:
+        raise SystemExit(f"unknown shape(s) {unknown}; known: {sorted(shapes)}")
+    bandwidth = copy_bandwidth_gbs()
+    now = dt.datetime.now()
+    result = {"benchmark": "gemv", "date": now.isoformat(timespec="seconds"), "device": device_name(), "versions": versions(),
+              "statistic": f"median over {args.repeats} replays of a graph of {args.calls} calls, per call",
+              "copy_bandwidth_gbs": bandwidth, "shapes": []}
+    out = args.out or RESULTS / f"gemv-{device_name().replace(' ', '-').lower()}-{now.date()}.json"
+    t0 = time.perf_counter()
+    for name in wanted:
+        n, k, layers = shapes[name]
+        row = bench_shape(name, n, k, args, bandwidth)
+        row["layers"] = layers
+        result["shapes"].append(row)
+        write_json_atomic(out, result)
+    # the AR step's GEMM time with each shape's cuBLAS call against its best Triton config
+    lin = sum(s["linear_ms"] * s["layers"] for s in result["shapes"] if s["linear_ms"])
+    best = sum(min(s["linear_ms"], s["best_triton"]["ms"] if s["best_triton"] else 1e9) * s["layers"] for s in result["shapes"] if s["linear_ms"])
+    result["ar_step_gemm_ms"] = {"linear": lin, "best_of_linear_and_triton": best}
+    write_json_atomic(out, result)
+    log(f"AR-step GEMMs: linear {lin:.2f} ms, best of linear/triton per shape {best:.2f} ms ({time.perf_counter() - t0:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
