@@ -49,28 +49,51 @@ def test_gemv_rejects_shapes_that_do_not_fit():
         triton_gemv.gemv(x, torch.randn(8, 4).t())
 
 
-def test_linear_dispatch_takes_the_gemv_for_one_half_precision_row_only(monkeypatch):
+@pytest.mark.parametrize("m, n, k, config", [
+    (17, 37, 300, {}),  # ragged everything, one row block of 32
+    (65, 100, 256, {"BLOCK_N": 32, "BLOCK_K": 64}),
+    (129, 64, 128, {"MAX_BLOCK_M": 64}),  # three row blocks
+    (2, 5, 77, {"BLOCK_N": 16, "BLOCK_K": 32}),
+])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_triton_few_rows_gemm_matches_the_reference(m, n, k, config, with_bias):
+    g = torch.Generator().manual_seed(m * n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if with_bias else None
+    torch.testing.assert_close(triton_gemv.gemm_few_rows(x, w, b, config), naive.gemm_few_rows(x, w, b), rtol=1e-5, atol=1e-4)
+    xs = torch.randn(k, m, generator=g).t()  # a strided x is made contiguous, not misread
+    torch.testing.assert_close(triton_gemv.gemm_few_rows(xs, w, b, config), naive.gemm_few_rows(xs, w, b), rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match=r"weight \(3, 7\)"):
+        triton_gemv.gemm_few_rows(x, torch.randn(3, 7))
+
+
+def test_linear_dispatch_by_rows_dtype_and_gradients(monkeypatch):
     calls = []
-    real = triton_gemv.gemv
-    monkeypatch.setattr(triton_gemv, "gemv", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    real, real_few = triton_gemv.gemv, triton_gemv.gemm_few_rows
+    monkeypatch.setattr(triton_gemv, "gemv", lambda *a, **kw: calls.append(("gemv", a[0].shape)) or real(*a, **kw))
+    monkeypatch.setattr(triton_gemv, "gemm_few_rows", lambda *a, **kw: calls.append(("few", a[0].shape)) or real_few(*a, **kw))
     w = torch.randn(12, 40).bfloat16()
     with tk.use_backend("triton"):
         one = torch.randn(1, 40).bfloat16()
         torch.testing.assert_close(tk.linear(one, w), F.linear(one, w), rtol=2e-2, atol=2e-2)
-        assert calls == [(1, 40)]
-        tk.linear(torch.randn(3, 40).bfloat16(), w)  # several rows: cuBLAS's GEMM
+        assert calls == [("gemv", (1, 40))]
+        three = torch.randn(3, 40).bfloat16()
+        torch.testing.assert_close(tk.linear(three, w), F.linear(three, w), rtol=2e-2, atol=2e-2)
+        assert calls[-1] == ("few", (3, 40))
+        del calls[:]
+        tk.linear(torch.randn(triton_gemv.FEW_ROWS_MAX + 1, 40).bfloat16(), w)  # many rows: cuBLAS's GEMM
         tk.linear(torch.randn(1, 40), w.float())  # fp32: F.linear
         with tk.use_gemv(False):
             tk.linear(one, w)
         wg = w.clone().requires_grad_()
         tk.linear(one, wg).float().sum().backward()  # gradients wanted: F.linear, which has a backward
-        assert wg.grad is not None and calls == [(1, 40)]
+        assert wg.grad is not None and calls == []
     with tk.use_backend("torch"):
         tk.linear(one, w)
-    assert calls == [(1, 40)]
+    assert calls == []
 
 
-def test_the_models_linears_take_the_gemv_in_the_ar_step(monkeypatch):
+def test_the_models_linears_take_the_gemv_in_the_ar_step(monkeypatch):  # (and the few-rows GEMM for the prompt)
     # the AR step of a bf16 hybrid target: every projection (packed or not) and the LM head go
     # through tree_kernels.linear with one row, and the logits match the F.linear route
     from workbench.random_models import random_target

@@ -250,15 +250,19 @@ def sigmoid_mul(gate, x):
 
 
 def linear(x, weight, bias=None):
-    """``F.linear(x, weight, bias)``; one row in half precision (the AR step) takes the Triton GEMV
-    where Triton runs (switch: use_gemv). See gemv/naive.py. No backward: with gradients wanted,
-    F.linear."""
-    if (x.dim() == 2 and x.shape[0] == 1 and gemv_enabled() and x.dtype in (torch.float16, torch.bfloat16)
-            and weight.dtype == x.dtype and weight.stride(-1) == 1 and use_triton(x)
+    """``F.linear(x, weight, bias)``. In half precision where Triton runs (switch: use_gemv), one row
+    (the AR step) takes the Triton GEMV and a few rows (a tree verify, a draft block) the few-rows
+    GEMM; see gemv/naive.py. No backward: with gradients wanted, F.linear."""
+    rows = x.shape[0] if x.dim() == 2 else 0
+    if (0 < rows and gemv_enabled() and x.dtype in (torch.float16, torch.bfloat16) and weight.dtype == x.dtype
+            and weight.stride(-1) == 1 and use_triton(x)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         from .gemv import triton as impl
 
-        return impl.gemv(x, weight, bias, impl.config_for(weight))
+        if rows == 1:
+            return impl.gemv(x, weight, bias, impl.config_for(weight))
+        if rows <= impl.FEW_ROWS_MAX:
+            return impl.gemm_few_rows(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
 

@@ -57,6 +57,12 @@ def triton_configs(n: int) -> list[dict]:
     return base
 
 
+def few_rows_configs() -> list[dict]:
+    out = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=4)
+           for bn, bk, w in itertools.product((32, 64, 128), (128, 256), (4, 8))]
+    return out + [dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=st) for st in (3, 6)]
+
+
 def time_per_call_ms(fn_of_copy, copies: int, calls: int, repeats: int) -> float:
     """CUDA-graph replay of ``calls`` calls (cycling through the weight copies), median per call."""
     stream = torch.cuda.Stream()
@@ -81,6 +87,43 @@ def time_per_call_ms(fn_of_copy, copies: int, calls: int, repeats: int) -> float
         times.append(a.elapsed_time(b) / calls)
     del graph
     return statistics.median(times)
+
+
+def bench_few_rows(name, n, k, rows_list, args, bandwidth) -> list[dict]:
+    """A tree verify's M rows through the same weights: cuBLAS (F.linear) against the Triton
+    few-rows GEMM's configs."""
+    from tree_kernels.gemv import triton as tg
+
+    nbytes = n * k * 2
+    copies = max(2, -(-3 * args.l2_bytes // nbytes))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    out = []
+    for m in rows_list:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = F.linear(x.float(), weights[0].float())
+        scale = ref.abs().max().item()
+        rows = []
+        for label, cfg in [("linear", None)] + [("triton", c) for c in few_rows_configs()]:
+            fn = (lambda i: F.linear(x, weights[i])) if cfg is None else (lambda i, cfg=cfg: tg.gemm_few_rows(x, weights[i], None, cfg))
+            try:
+                err = (fn(0).float() - ref).abs().max().item() / scale
+                ms = time_per_call_ms(fn, copies, args.calls, args.repeats)
+            except Exception as exc:  # report, never hide
+                rows.append({"variant": label, "config": cfg, "error": repr(exc)[:300]})
+                continue
+            gbs = nbytes / (ms * 1e-3) / 1e9
+            rows.append({"variant": label, "config": cfg, "ms": ms, "gb_per_s": gbs, "of_copy_bandwidth": gbs / bandwidth, "max_rel_err": err})
+        ok = [r for r in rows if "ms" in r]
+        best = min((r for r in ok if r["variant"] == "triton"), key=lambda r: r["ms"], default=None)
+        linear = next((r for r in ok if r["variant"] == "linear"), None)
+        out.append({"name": name, "M": m, "N": n, "K": k, "rows": rows, "best_triton": best, "linear_ms": linear and linear["ms"],
+                    "best_triton_over_linear": best and linear and best["ms"] / linear["ms"]})
+        if best and linear:
+            log(f"{name:14s} M={m:4d}: linear {linear['ms'] * 1e3:7.1f} us ({100 * linear['of_copy_bandwidth']:.0f}%); "
+                f"triton best {best['ms'] * 1e3:.1f} us ({100 * best['of_copy_bandwidth']:.0f}%) {best['config']}")
+    del weights
+    torch.cuda.empty_cache()
+    return out
 
 
 def bench_shape(name, n, k, args, bandwidth) -> dict:
@@ -141,6 +184,8 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--l2-bytes", type=int, default=60 << 20, help="copies of each weight span at least 3x this")
     p.add_argument("--only", default="", help="comma-separated shape names")
+    p.add_argument("--rows", default="17,65,129", help="few-rows section: the verify's M values ('' skips it)")
+    p.add_argument("--skip-gemv", action="store_true", help="only the few-rows section")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -157,18 +202,34 @@ def main(argv=None) -> dict:
               "copy_bandwidth_gbs": bandwidth, "shapes": []}
     out = args.out or RESULTS / f"gemv-{device_name().replace(' ', '-').lower()}-{now.date()}.json"
     t0 = time.perf_counter()
-    for name in wanted:
+    for name in wanted if not args.skip_gemv else []:
         n, k, layers = shapes[name]
         row = bench_shape(name, n, k, args, bandwidth)
         row["layers"] = layers
         result["shapes"].append(row)
         write_json_atomic(out, result)
-    # the AR step's GEMM time with each shape's cuBLAS call against its best Triton config
-    lin = sum(s["linear_ms"] * s["layers"] for s in result["shapes"] if s["linear_ms"])
-    best = sum(min(s["linear_ms"], s["best_triton"]["ms"] if s["best_triton"] else 1e9) * s["layers"] for s in result["shapes"] if s["linear_ms"])
-    result["ar_step_gemm_ms"] = {"linear": lin, "best_of_linear_and_triton": best}
+    if result["shapes"]:  # the AR step's GEMM time with each shape's cuBLAS call against its best Triton config
+        lin = sum(s["linear_ms"] * s["layers"] for s in result["shapes"] if s["linear_ms"])
+        best = sum(min(s["linear_ms"], s["best_triton"]["ms"] if s["best_triton"] else 1e9) * s["layers"] for s in result["shapes"] if s["linear_ms"])
+        result["ar_step_gemm_ms"] = {"linear": lin, "best_of_linear_and_triton": best}
+        log(f"AR-step GEMMs: linear {lin:.2f} ms, best of linear/triton per shape {best:.2f} ms ({time.perf_counter() - t0:.0f} s)")
+    rows_list = [int(m) for m in args.rows.split(",") if m]
+    if rows_list:
+        result["few_rows"] = []
+        for name in wanted:
+            n, k, layers = shapes[name]
+            for row in bench_few_rows(name, n, k, rows_list, args, bandwidth):
+                row["layers"] = layers
+                result["few_rows"].append(row)
+            write_json_atomic(out, result)
+        result["verify_gemm_ms"] = {}
+        for m in rows_list:
+            mine = [s for s in result["few_rows"] if s["M"] == m and s["linear_ms"]]
+            lin = sum(s["linear_ms"] * s["layers"] for s in mine)
+            best = sum(min(s["linear_ms"], s["best_triton"]["ms"] if s["best_triton"] else 1e9) * s["layers"] for s in mine)
+            result["verify_gemm_ms"][str(m)] = {"linear": lin, "best_of_linear_and_triton": best}
+            log(f"verify GEMMs, {m} rows: linear {lin:.2f} ms, best of linear/triton per shape {best:.2f} ms")
     write_json_atomic(out, result)
-    log(f"AR-step GEMMs: linear {lin:.2f} ms, best of linear/triton per shape {best:.2f} ms ({time.perf_counter() - t0:.0f} s)")
     return result
 
 

@@ -9,13 +9,15 @@ second launch sums them (for small N: the rows alone would not give every SM wor
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-from .naive import check_gemv_inputs
+from .naive import check_few_rows_inputs, check_gemv_inputs
 
-__all__ = ["gemv", "config_for", "DEFAULT_CONFIG", "TUNED"]
+__all__ = ["gemv", "config_for", "gemm_few_rows", "DEFAULT_CONFIG", "TUNED", "FEW_ROWS_CONFIG"]
 
 # Within 5 % of the best of the sweep on every Qwen3.6-27B shape on the H200, ahead of cuBLAS on 6 of 7
 # (data/results/gemv-nvidia-h200-2026-12-03.json); split-K never won there (the rows alone fill the SMs).
@@ -104,4 +106,57 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(n, bn), split)](x, weight, b, partial, n, k, k_per_split, weight.stride(0),
                                               HAS_BIAS=False, PARTIAL=True, **launch)
     _split_sum_kernel[(triton.cdiv(n, 1024),)](partial, b, y, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024)
+    return y
+
+
+# -- few rows (a tree verify's M = 17 ... 129 tokens): tensor-core tiles, one program per BLOCK_N
+# columns and BLOCK_M rows, streaming the weight once per row block (every row block at once for M
+# up to BLOCK_M); memory-bound like the GEMV as long as M is small against the H200's ~200 flop/byte.
+FEW_ROWS_CONFIG = {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "MAX_BLOCK_M": 128}
+FEW_ROWS_MAX = 128  # tree_kernels.linear sends 2 .. FEW_ROWS_MAX rows here, more to cuBLAS
+# Triton's interpreter (the CPU tests) returns garbage (~1e10) from tl.dot on bf16 operands; there
+# the operands are widened to fp32 first. On the GPU the dot takes them as they are.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _few_rows_kernel(X, W, B, Y, M, N, K, sxm, swn, sym, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # row blocks fastest: the programs that share a weight tile run side by side (L2 serves the rest)
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = rm < M, rn < N
+    x_rows = X + rm.to(tl.int64)[:, None] * sxm
+    w_rows = W + rn.to(tl.int64)[:, None] * swn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        c = k0 + rk
+        c_ok = c < K
+        x = tl.load(x_rows + c[None, :], mask=m_ok[:, None] & c_ok[None, :], other=0.0)
+        w = tl.load(w_rows + c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+        if DOT_FP32:
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc)
+    if HAS_BIAS:
+        acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rm.to(tl.int64)[:, None] * sym + rn[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def gemm_few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    check_few_rows_inputs(x, weight, bias)
+    if weight.stride(1) != 1:
+        raise ValueError(f"gemm_few_rows: weight rows must be contiguous, got strides {weight.stride()}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    cfg = {**FEW_ROWS_CONFIG, **(config or {})}
+    m, k = x.shape
+    n = weight.shape[0]
+    bm = min(max(16, 1 << (m - 1).bit_length()), cfg["MAX_BLOCK_M"])  # tl.dot wants >= 16 rows
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _few_rows_kernel[(triton.cdiv(m, bm), triton.cdiv(n, cfg["BLOCK_N"]))](
+        x, weight, bias if bias is not None else y, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, DOT_FP32=_INTERPRETED, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
     return y
