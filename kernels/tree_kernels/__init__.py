@@ -251,8 +251,8 @@ def sigmoid_mul(gate, x):
 
 def linear(x, weight, bias=None):
     """``F.linear(x, weight, bias)``. In half precision where Triton runs (switch: use_gemv), one row
-    (the AR step) takes the Triton GEMV and a few rows (a tree verify, a draft block) the few-rows
-    GEMM; see gemv/naive.py. No backward: with gradients wanted, F.linear."""
+    (the AR step) takes the Triton GEMV, and 2 .. gemv.triton.FEW_ROWS_MAX rows the few-rows GEMM
+    (off: cuBLAS wins there); see gemv/naive.py. No backward: with gradients wanted, F.linear."""
     rows = x.shape[0] if x.dim() == 2 else 0
     if (0 < rows and gemv_enabled() and x.dtype in (torch.float16, torch.bfloat16) and weight.dtype == x.dtype
             and weight.stride(-1) == 1 and use_triton(x)

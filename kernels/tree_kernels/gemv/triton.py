@@ -113,7 +113,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 # columns and BLOCK_M rows, streaming the weight once per row block (every row block at once for M
 # up to BLOCK_M); memory-bound like the GEMV as long as M is small against the H200's ~200 flop/byte.
 FEW_ROWS_CONFIG = {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "MAX_BLOCK_M": 128}
-FEW_ROWS_MAX = 128  # tree_kernels.linear sends 2 .. FEW_ROWS_MAX rows here, more to cuBLAS
+# tree_kernels.linear sends 2 .. FEW_ROWS_MAX rows here, more to cuBLAS. Off (0): on the H200 this
+# plain tl.dot loop (no TMA / warp-specialised pipeline) only ties cuBLAS at 17 rows and is 1.2-2.3x
+# slower at 65 and 129 (data/results/gemv-nvidia-h200-2026-12-03T20-few.json); it put the 27B
+# 65-token verify at 27.9 ms against 20.4 ms through cuBLAS in the same run.
+FEW_ROWS_MAX = 0
 # Triton's interpreter (the CPU tests) returns garbage (~1e10) from tl.dot on bf16 operands; there
 # the operands are widened to fp32 first. On the GPU the dot takes them as they are.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
