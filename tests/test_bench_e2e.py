@@ -27,3 +27,24 @@ def test_e2e_pairs_on_cpu_write_rows_and_print_the_table(tmp_path, capsys):
     assert result["pairs"]["tiny-hybrid"]["model_sha256"]  # budget auto checks these
     printed = capsys.readouterr().out
     assert "tiny-hybrid: tokens/s" in printed and "fused_norms" in printed and "identical 1/1" in printed
+
+
+def test_bench_ties_finds_the_first_divergence_and_reads_its_logits(tmp_path):
+    # CPU smoke test of the divergence report: one prompt of one bundled pair, and a forced
+    # divergence whose position, tokens and margins come from the reference logits
+    from workbench.bench import ties
+    from workbench.runner import load_target_and_tokenizer
+
+    got = ties.main(["--pairs", "tiny-hybrid:tiny-hybrid-dflash", "--n", "1", "--max-new-tokens", "6", "--out", str(tmp_path / "t.json")])
+    summary = got["pairs"]["tiny-hybrid"]["summary"]
+    assert set(summary) == {"ar_gemv_vs_ar_cublas", "ddtree_gemv_vs_ar_gemv", "ddtree_cublas_vs_ar_cublas"}
+    assert all(s["of"] == 1 for s in summary.values()) and (tmp_path / "t.json").exists()
+    target, _ = load_target_and_tokenizer("tiny-hybrid", "cpu", "float32")
+    prompt = [5, 6, 7]
+    logits = target.run_chain(prompt + [9, 10], target.new_cache(16), logits="last").logits[-1]
+    best = int(logits.argmax())
+    worst = int(logits.argmin())
+    d = ties.first_divergence(target, prompt, [9, 10, worst, 1], [9, 10, best, 1])
+    assert d["position"] == 2 and d["tokens"] == [worst, best] and d["tokens_behind_top1"][1] == 0.0
+    assert not d["near_tie"] and d["tokens_behind_top1"][0] > 0
+    assert ties.first_divergence(target, prompt, [1, 2], [1, 2]) == {"identical": True}
