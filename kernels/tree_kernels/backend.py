@@ -44,7 +44,7 @@ def use_fused_norms(enabled: bool = True):
 
 
 # The one-row linear layers (the AR step's GEMMs) as a Triton GEMV: on the H200 it reads the 27B
-# weights at 97-109 % of the copy bandwidth where cuBLAS reads them at 83-101 %
+# weights at 88-109 % of the copy bandwidth where cuBLAS reads them at 83-101 %
 # (data/results/gemv-*). WORKBENCH_GEMV=0 (or set_gemv(False)) keeps cuBLAS.
 _gemv = os.environ.get("WORKBENCH_GEMV", "1").lower() not in ("0", "false", "off", "no")
 
