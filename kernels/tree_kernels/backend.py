@@ -17,55 +17,40 @@ if _backend not in _CHOICES:
     raise ValueError(f"WORKBENCH_KERNELS={_backend!r}: expected one of {_CHOICES}")
 
 
+class _Switch:
+    """An on/off setting: read from an environment variable at import, changed at run time with
+    ``set`` or, for a block, ``use``."""
+
+    def __init__(self, env: str):
+        self.on = os.environ.get(env, "1").lower() not in ("0", "false", "off", "no")
+
+    def set(self, enabled: bool) -> None:
+        self.on = bool(enabled)
+
+    def enabled(self) -> bool:
+        return self.on
+
+    @contextlib.contextmanager
+    def use(self, enabled: bool = True):
+        old, self.on = self.on, bool(enabled)
+        try:
+            yield
+        finally:
+            self.on = old
+
+
 # The fused row-wise kernels (norms, GDN gates: tree_kernels.norms) run wherever Triton runs: on the
 # H200 they are 3-6x faster per call than the torch chains with the same error against fp32, and
 # doubled the bundled hybrid's AR tokens/s (data/results/kernels-*, e2e-*). WORKBENCH_FUSED_NORMS=0
 # (or set_fused_norms(False)) keeps the torch references with the Triton tree kernels.
-_fused_norms = os.environ.get("WORKBENCH_FUSED_NORMS", "1").lower() not in ("0", "false", "off", "no")
-
-
-def set_fused_norms(enabled: bool) -> None:
-    global _fused_norms
-    _fused_norms = bool(enabled)
-
-
-def fused_norms_enabled() -> bool:
-    return _fused_norms
-
-
-@contextlib.contextmanager
-def use_fused_norms(enabled: bool = True):
-    old = _fused_norms
-    set_fused_norms(enabled)
-    try:
-        yield
-    finally:
-        set_fused_norms(old)
-
+_fused_norms = _Switch("WORKBENCH_FUSED_NORMS")
+set_fused_norms, fused_norms_enabled, use_fused_norms = _fused_norms.set, _fused_norms.enabled, _fused_norms.use
 
 # The one-row linear layers (the AR step's GEMMs) as a Triton GEMV: on the H200 it reads the 27B
 # weights at 88-109 % of the copy bandwidth where cuBLAS reads them at 83-101 %
 # (data/results/gemv-*). WORKBENCH_GEMV=0 (or set_gemv(False)) keeps cuBLAS.
-_gemv = os.environ.get("WORKBENCH_GEMV", "1").lower() not in ("0", "false", "off", "no")
-
-
-def set_gemv(enabled: bool) -> None:
-    global _gemv
-    _gemv = bool(enabled)
-
-
-def gemv_enabled() -> bool:
-    return _gemv
-
-
-@contextlib.contextmanager
-def use_gemv(enabled: bool = True):
-    old = _gemv
-    set_gemv(enabled)
-    try:
-        yield
-    finally:
-        set_gemv(old)
+_gemv = _Switch("WORKBENCH_GEMV")
+set_gemv, gemv_enabled, use_gemv = _gemv.set, _gemv.enabled, _gemv.use
 
 
 def triton_available() -> bool:
