@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .naive import check_few_rows_inputs, check_gemv_inputs
+from .naive import check_linear_inputs
 
 __all__ = ["gemv", "config_for", "gemm_few_rows", "DEFAULT_CONFIG", "TUNED", "FEW_ROWS_CONFIG"]
 
@@ -31,7 +31,7 @@ TUNED = {
     ("NVIDIA H200", 5120, 17408): {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 8, "num_stages": 4},  # MLP down
     ("NVIDIA H200", 248320, 5120): {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},  # LM head
 }
-_device_names: dict[int, str] = {}
+_configs: dict[tuple, dict] = {}  # (device index, N, K) -> config, looked up once per shape
 
 
 def config_for(weight: torch.Tensor) -> dict:
@@ -39,10 +39,12 @@ def config_for(weight: torch.Tensor) -> dict:
     if not weight.is_cuda:
         return DEFAULT_CONFIG
     index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
-    name = _device_names.get(index)
-    if name is None:
-        name = _device_names[index] = torch.cuda.get_device_name(index)
-    return {**DEFAULT_CONFIG, **TUNED.get((name, *weight.shape), {})}
+    key = (index, *weight.shape)
+    cfg = _configs.get(key)
+    if cfg is None:
+        tuned = TUNED.get((torch.cuda.get_device_name(index), *weight.shape), {})
+        cfg = _configs[key] = {**DEFAULT_CONFIG, **tuned}
+    return cfg
 
 
 @triton.jit
@@ -85,7 +87,7 @@ def _split_sum_kernel(P, B, Y, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    check_gemv_inputs(x, weight, bias)
+    check_linear_inputs("gemv", x, weight, bias, one_row=True)
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     if weight.stride(1) != 1:
         raise ValueError(f"gemv: weight rows must be contiguous, got strides {weight.stride()}")
@@ -148,7 +150,7 @@ def _few_rows_kernel(X, W, B, Y, M, N, K, sxm, swn, sym, HAS_BIAS: tl.constexpr,
 
 
 def gemm_few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    check_few_rows_inputs(x, weight, bias)
+    check_linear_inputs("gemm_few_rows", x, weight, bias, one_row=False)
     if weight.stride(1) != 1:
         raise ValueError(f"gemm_few_rows: weight rows must be contiguous, got strides {weight.stride()}")
     if x.stride(1) != 1:
