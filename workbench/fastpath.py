@@ -223,14 +223,12 @@ class FastEngine:
         queued.append(job)
         return job
 
-    def _room_ahead(self, in_flight: int, generated: int, context: int) -> bool:
-        """Whether another round may be queued behind ``in_flight`` unread ones: it must fit the
-        context and the cache wherever those rounds end (each advances by at most the path), and
-        not be certain to go unused (each round adds at least one token)."""
-        if in_flight != 1:
-            return False
-        top = self.cache.length + in_flight * self._path_size
-        return (generated + in_flight < self.cfg.max_new_tokens and top + self.block + 1 <= context
+    def _room_ahead(self, generated: int, context: int) -> bool:
+        """Whether a round may be queued behind the one unread round: it must fit the context and
+        the cache wherever that round ends (it advances by at most the path), and not be certain to
+        go unused (every round adds at least one token)."""
+        top = self.cache.length + self._path_size
+        return (generated + 1 < self.cfg.max_new_tokens and top + self.block + 1 <= context
                 and top + self.nodes + 2 <= self.cache.capacity)
 
     def _run(self, name: str, fn) -> None:
@@ -325,7 +323,7 @@ class FastEngine:
                     stop = "context"
                     break
                 pending.append(self._queue_round(first=not queued, queued=queued))
-            if self.overlap_host and self._room_ahead(len(pending), len(generated), context):
+            if self.overlap_host and len(pending) == 1 and self._room_ahead(len(generated), context):
                 pending.append(self._queue_round(first=False, queued=queued))
                 queued_ahead += 1
             h1 = time.perf_counter()

@@ -93,11 +93,16 @@ def gdn_decode_step(q, k, v, g, beta, state, scale=None, **tuning):
 
         return impl.gdn_decode_step(q, k, v, g, beta, state, scale, **tuning)
     o, nxt = gdn_naive.gdn_decode_step(q, k, v, g, beta, state, scale)
-    out = tuning.get("out")
-    if out is not None:  # the reference computes a new tensor first, so out may alias state
-        out.copy_(nxt)
-        nxt = out
-    return o, nxt
+    return o, _into(tuning.get("out"), nxt)
+
+
+def _into(out, new):
+    """A reference's new state written into ``out`` when given (the references compute a new
+    tensor first, so ``out`` may alias the old state: the in-place route of the kernels)."""
+    if out is None:
+        return new
+    out.copy_(new)
+    return out
 
 
 def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", **tuning):
@@ -130,10 +135,7 @@ def conv1d_decode_step(x, conv_state, weight, bias=None, activation="silu", out=
 
         return impl.conv1d_decode_step(x, conv_state, weight, bias, activation, out=out)
     y, nxt = conv_naive.conv1d_decode_step(x, conv_state, weight, bias, activation)
-    if out is not None:
-        out.copy_(nxt)
-        nxt = out
-    return y, nxt
+    return y, _into(out, nxt)
 
 
 def tree_conv_commit(x, conv_state, path):

@@ -258,9 +258,10 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
         n_mblocks, n_splits, tps = plan(t, hq, hkv, d, s, kv_lo, dev, c, num_splits)
         mpad = n_mblocks * c["BLOCK_M"]
         split = n_splits > 1
-        ticket = c.get("MERGE", "ticket") == "ticket"
-        if c.get("MERGE", "ticket") not in ("ticket", "launch"):
-            raise ValueError(f"tree_attention: config MERGE must be 'ticket' or 'launch', got {c['MERGE']!r}")
+        merge = c.get("MERGE", "ticket")
+        if merge not in ("ticket", "launch"):
+            raise ValueError(f"tree_attention: config MERGE must be 'ticket' or 'launch', got {merge!r}")
+        ticket = merge == "ticket"
         if split:
             part_o = scratch("attn_part_o", n_splits * hkv * mpad * bd, torch.float32, dev)
             part_l = scratch("attn_part_l", n_splits * hkv * mpad, torch.float32, dev)
