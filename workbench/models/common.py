@@ -25,9 +25,11 @@ from ..tree import CompiledTree, compile_chain
 from .config import TargetConfig
 
 # ----------------------------------------------------------------------------------------------
+# linear layers: one-row calls (the AR step's) take the Triton GEMV where Triton runs
+
+
 class Linear(nn.Linear):
-    """nn.Linear (same parameters, keys and hooks) whose one-row calls, the AR step's, take the
-    Triton GEMV where Triton runs (tree_kernels.linear)."""
+    """nn.Linear (same parameters, keys and hooks) whose forward is tree_kernels.linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return tk.linear(x, self.weight, self.bias)
