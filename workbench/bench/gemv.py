@@ -89,93 +89,104 @@ def time_per_call_ms(fn_of_copy, copies: int, calls: int, repeats: int) -> float
     return statistics.median(times)
 
 
-def bench_few_rows(name, n, k, rows_list, args, bandwidth) -> list[dict]:
-    """A tree verify's M rows through the same weights: cuBLAS (F.linear) against the Triton
-    few-rows GEMM's configs."""
-    from tree_kernels.gemv import triton as tg
-
-    nbytes = n * k * 2
-    copies = max(2, -(-3 * args.l2_bytes // nbytes))
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    out = []
-    for m in rows_list:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ref = F.linear(x.float(), weights[0].float())
-        scale = ref.abs().max().item()
-        rows = []
-        for label, cfg in [("linear", None)] + [("triton", c) for c in few_rows_configs()]:
-            fn = (lambda i: F.linear(x, weights[i])) if cfg is None else (lambda i, cfg=cfg: tg.gemm_few_rows(x, weights[i], None, cfg))
-            try:
-                err = (fn(0).float() - ref).abs().max().item() / scale
-                ms = time_per_call_ms(fn, copies, args.calls, args.repeats)
-            except Exception as exc:  # report, never hide
-                rows.append({"variant": label, "config": cfg, "error": repr(exc)[:300]})
-                continue
-            gbs = nbytes / (ms * 1e-3) / 1e9
-            rows.append({"variant": label, "config": cfg, "ms": ms, "gb_per_s": gbs, "of_copy_bandwidth": gbs / bandwidth, "max_rel_err": err})
-        ok = [r for r in rows if "ms" in r]
-        best = min((r for r in ok if r["variant"] == "triton"), key=lambda r: r["ms"], default=None)
-        linear = next((r for r in ok if r["variant"] == "linear"), None)
-        out.append({"name": name, "M": m, "N": n, "K": k, "rows": rows, "best_triton": best, "linear_ms": linear and linear["ms"],
-                    "best_triton_over_linear": best and linear and best["ms"] / linear["ms"]})
-        if best and linear:
-            log(f"{name:14s} M={m:4d}: linear {linear['ms'] * 1e3:7.1f} us ({100 * linear['of_copy_bandwidth']:.0f}%); "
-                f"triton best {best['ms'] * 1e3:.1f} us ({100 * best['of_copy_bandwidth']:.0f}%) {best['config']}")
-    del weights
-    torch.cuda.empty_cache()
-    return out
+def _weights(n: int, k: int, args) -> list[torch.Tensor]:
+    """Copies of one random [N, K] bf16 weight, enough of them to span 3x L2 (so each call reads HBM)."""
+    copies = max(2, -(-3 * args.l2_bytes // (n * k * 2)))
+    return [torch.randn(n, k, device=args.device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
 
 
-def bench_shape(name, n, k, args, bandwidth) -> dict:
-    from tree_kernels.gemv import triton as tg
-
-    nbytes = n * k * 2
-    copies = max(2, -(-3 * args.l2_bytes // nbytes))
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+def _time_variants(variants, x, weights, args, bandwidth) -> list[dict]:
+    """variants: (label, config, fn of the weight copy's index, cuBLASLt preferred). One row each:
+    ms per call, GB/s of weight read, its fraction of the copy bandwidth, max error against fp32."""
     ref = F.linear(x.float(), weights[0].float())
-    scale = ref.abs().max().item()
-    variants = {
-        "linear": lambda i: F.linear(x, weights[i]),
-        "mv": lambda i: torch.mv(weights[i], x[0]).view(1, n),
-        "w_at_xt": lambda i: torch.matmul(weights[i], x.t()).view(1, n),
-    }
+    scale = ref.abs().max().item() or 1.0
+    nbytes = weights[0].numel() * weights[0].element_size()
     rows = []
-
-    def run(label, fn, config=None, lt=False):
+    for label, config, fn, lt in variants:
         try:
             if lt:
                 torch.backends.cuda.preferred_blas_library("cublaslt")
             err = (fn(0).float() - ref).abs().max().item() / scale
-            ms = time_per_call_ms(fn, copies, args.calls, args.repeats)
+            ms = time_per_call_ms(fn, len(weights), args.calls, args.repeats)
         except Exception as exc:  # report, never hide
             rows.append({"variant": label, "config": config, "error": repr(exc)[:300]})
-            return
+            continue
         finally:
             if lt:
                 torch.backends.cuda.preferred_blas_library("cublas")
         gbs = nbytes / (ms * 1e-3) / 1e9
         rows.append({"variant": label, "config": config, "ms": ms, "gb_per_s": gbs, "of_copy_bandwidth": gbs / bandwidth,
                      "max_rel_err": err})
+    return rows
 
-    for label, fn in variants.items():
-        run(label, fn)
-    run("linear_cublaslt", variants["linear"], lt=True)
-    for cfg in triton_configs(n):
-        run("triton", lambda i, cfg=cfg: tg.gemv(x, weights[i], None, cfg), config=cfg)
+
+def _summary(rows: list[dict], **fields) -> dict:
+    """The rows with the best Triton config and cuBLAS (``linear``) picked out and compared."""
     ok = [r for r in rows if "ms" in r]
     best = min((r for r in ok if r["variant"] == "triton"), key=lambda r: r["ms"], default=None)
     linear = next((r for r in ok if r["variant"] == "linear"), None)
-    summary = {"name": name, "N": n, "K": k, "weight_mb": nbytes / 1e6, "copies": copies, "rows": rows,
-               "best_triton": best, "linear_ms": linear and linear["ms"],
-               "best_triton_over_linear": best and linear and best["ms"] / linear["ms"]}
-    if best and linear:
-        log(f"{name:14s} N={n:6d} K={k:5d}: linear {linear['ms'] * 1e3:7.1f} us ({100 * linear['of_copy_bandwidth']:.0f}%), "
-            + ", ".join(f"{r['variant']} {r['ms'] * 1e3:.1f}" for r in ok if r["variant"] not in ("linear", "triton"))
-            + f"; triton best {best['ms'] * 1e3:.1f} us ({100 * best['of_copy_bandwidth']:.0f}%) {best['config']}")
+    return {**fields, "rows": rows, "best_triton": best, "linear_ms": linear and linear["ms"],
+            "best_triton_over_linear": best and linear and best["ms"] / linear["ms"]}
+
+
+def _log_summary(s: dict, what: str) -> None:
+    best, lin = s["best_triton"], s["linear_ms"]
+    if best and lin:
+        others = ", ".join(f"{r['variant']} {r['ms'] * 1e3:.1f}" for r in s["rows"] if "ms" in r and r["variant"] not in ("linear", "triton"))
+        log(f"{s['name']:14s} {what}: linear {lin * 1e3:7.1f} us{', ' + others if others else ''}; "
+            f"triton best {best['ms'] * 1e3:.1f} us ({100 * best['of_copy_bandwidth']:.0f}%) {best['config']}")
+
+
+def bench_few_rows(name, n, k, rows_list, args, bandwidth) -> list[dict]:
+    """A tree verify's M rows through the same weights: cuBLAS (F.linear) against the Triton
+    few-rows GEMM's configs."""
+    from tree_kernels.gemv import triton as tg
+
+    weights = _weights(n, k, args)
+    out = []
+    for m in rows_list:
+        x = torch.randn(m, k, device=args.device, dtype=torch.bfloat16)
+        variants = [("linear", None, lambda i: F.linear(x, weights[i]), False)]
+        variants += [("triton", c, lambda i, c=c: tg.gemm_few_rows(x, weights[i], None, c), False) for c in few_rows_configs()]
+        out.append(_summary(_time_variants(variants, x, weights, args, bandwidth), name=name, M=m, N=n, K=k))
+        _log_summary(out[-1], f"M={m:4d}")
     del weights
-    torch.cuda.empty_cache()
+    _empty_cache(args)
+    return out
+
+
+def bench_shape(name, n, k, args, bandwidth) -> dict:
+    """One token through the weight: cuBLAS four ways against the Triton GEMV's configs."""
+    from tree_kernels.gemv import triton as tg
+
+    weights = _weights(n, k, args)
+    x = torch.randn(1, k, device=args.device, dtype=torch.bfloat16)
+    linear = lambda i: F.linear(x, weights[i])  # noqa: E731
+    variants = [("linear", None, linear, False),
+                ("mv", None, lambda i: torch.mv(weights[i], x[0]).view(1, n), False),
+                ("w_at_xt", None, lambda i: torch.matmul(weights[i], x.t()).view(1, n), False),
+                ("linear_cublaslt", None, linear, True)]
+    variants += [("triton", c, lambda i, c=c: tg.gemv(x, weights[i], None, c), False) for c in triton_configs(n)]
+    summary = _summary(_time_variants(variants, x, weights, args, bandwidth), name=name, N=n, K=k,
+                       weight_mb=n * k * 2 / 1e6, copies=len(weights))
+    _log_summary(summary, f"N={n:6d} K={k:5d}")
+    del weights
+    _empty_cache(args)
     return summary
+
+
+def _empty_cache(args) -> None:
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _step_gemm_ms(rows: list[dict]) -> dict:
+    """A step's GEMM time (each shape x its layers) through cuBLAS, and through the faster of
+    cuBLAS and the best Triton config per shape."""
+    mine = [s for s in rows if s["linear_ms"]]
+    best = [min(s["linear_ms"], s["best_triton"]["ms"] if s["best_triton"] else float("inf")) for s in mine]
+    return {"linear": sum(s["linear_ms"] * s["layers"] for s in mine),
+            "best_of_linear_and_triton": sum(b * s["layers"] for b, s in zip(best, mine))}
 
 
 def main(argv=None) -> dict:
@@ -190,6 +201,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench.gemv needs a CUDA device")
+    args.device = "cuda"
     shapes = shapes_27b()
     wanted = [s for s in args.only.split(",") if s] or list(shapes)
     unknown = [s for s in wanted if s not in shapes]
@@ -209,10 +221,9 @@ def main(argv=None) -> dict:
         result["shapes"].append(row)
         write_json_atomic(out, result)
     if result["shapes"]:  # the AR step's GEMM time with each shape's cuBLAS call against its best Triton config
-        lin = sum(s["linear_ms"] * s["layers"] for s in result["shapes"] if s["linear_ms"])
-        best = sum(min(s["linear_ms"], s["best_triton"]["ms"] if s["best_triton"] else 1e9) * s["layers"] for s in result["shapes"] if s["linear_ms"])
-        result["ar_step_gemm_ms"] = {"linear": lin, "best_of_linear_and_triton": best}
-        log(f"AR-step GEMMs: linear {lin:.2f} ms, best of linear/triton per shape {best:.2f} ms ({time.perf_counter() - t0:.0f} s)")
+        result["ar_step_gemm_ms"] = g = _step_gemm_ms(result["shapes"])
+        log(f"AR-step GEMMs: linear {g['linear']:.2f} ms, best of linear/triton per shape {g['best_of_linear_and_triton']:.2f} ms "
+            f"({time.perf_counter() - t0:.0f} s)")
     rows_list = [int(m) for m in args.rows.split(",") if m]
     if rows_list:
         result["few_rows"] = []
@@ -224,11 +235,8 @@ def main(argv=None) -> dict:
             write_json_atomic(out, result)
         result["verify_gemm_ms"] = {}
         for m in rows_list:
-            mine = [s for s in result["few_rows"] if s["M"] == m and s["linear_ms"]]
-            lin = sum(s["linear_ms"] * s["layers"] for s in mine)
-            best = sum(min(s["linear_ms"], s["best_triton"]["ms"] if s["best_triton"] else 1e9) * s["layers"] for s in mine)
-            result["verify_gemm_ms"][str(m)] = {"linear": lin, "best_of_linear_and_triton": best}
-            log(f"verify GEMMs, {m} rows: linear {lin:.2f} ms, best of linear/triton per shape {best:.2f} ms")
+            result["verify_gemm_ms"][str(m)] = g = _step_gemm_ms([s for s in result["few_rows"] if s["M"] == m])
+            log(f"verify GEMMs, {m} rows: linear {g['linear']:.2f} ms, best of linear/triton per shape {g['best_of_linear_and_triton']:.2f} ms")
     write_json_atomic(out, result)
     return result
 
