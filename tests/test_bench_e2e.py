@@ -48,3 +48,5 @@ def test_bench_ties_finds_the_first_divergence_and_reads_its_logits(tmp_path):
     assert d["position"] == 2 and d["tokens"] == [worst, best] and d["tokens_behind_top1"][1] == 0.0
     assert not d["near_tie"] and d["tokens_behind_top1"][0] > 0
     assert ties.first_divergence(target, prompt, [1, 2], [1, 2]) == {"identical": True}
+    shorter = ties.first_divergence(target, prompt, [1, 2], [1, 2, 3])  # a prefix is not the same output
+    assert not shorter["identical"] and shorter["position"] == 2 and not shorter["near_tie"]

@@ -32,29 +32,3 @@ def test_decode_step_ratio():
     out = ratios({"decode_gdn": dg})
     assert out["decode_gdn_fork_plus_commit_over_decode_step"] == 4.0
 
-
-def test_bench_gemv_rows_and_summaries_on_cpu(monkeypatch):
-    # bench.gemv's bookkeeping without a GPU: the CUDA-graph timer replaced by a fake, the Triton
-    # kernels interpreted; every variant gets a row (time, bandwidth, error) and the summaries
-    # pick the best Triton config and the cuBLAS row, and weigh shapes by their layers
-    import argparse
-    import os
-
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    from workbench.bench import gemv
-
-    monkeypatch.setattr(gemv, "time_per_call_ms", lambda fn, copies, calls, repeats: (fn(0), 0.01)[1])
-    monkeypatch.setattr(gemv, "triton_configs", lambda n: [dict(BLOCK_N=4, BLOCK_K=32, num_warps=1, num_stages=1, SPLIT_K=1),
-                                                           dict(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1, SPLIT_K=2)])
-    monkeypatch.setattr(gemv, "few_rows_configs", lambda: [dict(BLOCK_N=16, BLOCK_K=32, num_warps=1, num_stages=1)])
-    args = argparse.Namespace(device="cpu", l2_bytes=1, calls=2, repeats=1)
-    one = gemv.bench_shape("toy", 24, 64, args, bandwidth=100.0)
-    triton_rows = [r for r in one["rows"] if r["variant"] == "triton"]
-    assert len(triton_rows) == 2 and all(r["max_rel_err"] < 2e-2 for r in triton_rows)
-    assert one["linear_ms"] == 0.01 and one["best_triton"] in triton_rows and one["copies"] == 2
-    assert {r["variant"] for r in one["rows"]} >= {"linear", "mv", "w_at_xt", "triton"}
-    few = gemv.bench_few_rows("toy", 24, 64, [3, 17], args, bandwidth=100.0)
-    assert [s["M"] for s in few] == [3, 17] and all(s["best_triton"]["max_rel_err"] < 2e-2 for s in few)
-    one["layers"], few[0]["layers"] = 3, 2
-    assert gemv._step_gemm_ms([one]) == {"linear": 0.03, "best_of_linear_and_triton": 0.03}
-    assert gemv._step_gemm_ms([few[0]])["linear"] == 0.02

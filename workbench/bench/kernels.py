@@ -672,6 +672,7 @@ def lossless(n_prompts: int, new_tokens: int, budget: int, device: str = "cuda",
     from ..drafters.oracle import OracleDrafter, OracleSpec
     from ..engine import GenerationConfig, generate
     from ..random_models import random_target
+    from .ties import first_divergence
 
     dev = torch.device(device)
     dims = dims or dict(vocab_size=4096, hidden_size=1024, num_layers=8, heads=8, kv_heads=2, head_dim=128,
@@ -703,27 +704,11 @@ def lossless(n_prompts: int, new_tokens: int, budget: int, device: str = "cuda",
         for name, other in (("ddtree_triton_vs_ar_triton", ar_triton[:new_tokens]), ("ddtree_triton_vs_ar_torch", ar_torch[:new_tokens]),
                             ("ar_triton_vs_ar_torch", ar_torch[:new_tokens]), ("ddtree_reference_norms_vs_ar_torch", ar_torch[:new_tokens])):
             a = refnorm_ids if "reference_norms" in name else tree_ids if name.startswith("ddtree") else ar_triton[:new_tokens]
-            same = a == other
-            entry: dict = {"identical": same}
-            if not same:
-                pos = next(j for j, (x, y) in enumerate(zip(a, other)) if x != y)
-                entry["first_divergence"] = pos
-                # the top-2 logits at that position given the common prefix (torch references)
-                with tk.use_backend("torch"):
-                    cache = target.new_cache(len(prompt) + pos + 8)
-                    logits = target.run_chain(prompt + other[:pos], cache, logits="last").logits[-1].float()
-                top = torch.topk(logits, 2)
-                gap = float(top.values[0] - top.values[1])
-                # a near-tie: both chosen tokens within bf16 noise of the best logit (ties of more
-                # than two tokens count too: any of them may come out on top after a rounding)
-                tol = 0.02 * max(1.0, abs(float(top.values[0])))
-                behind = [float(top.values[0] - logits[int(a[pos])]), float(top.values[0] - logits[int(other[pos])])]
-                entry.update({"tokens": [int(a[pos]), int(other[pos])], "top2_ids": top.indices.tolist(),
-                              "top2_gap": gap, "top1_logit": float(top.values[0]), "tokens_behind_top1": behind,
-                              "near_tie": bool(max(behind) <= tol)})
+            with tk.use_backend("torch"):  # the logits at a divergence from the torch references
+                entry = first_divergence(target, prompt, a, other)
             rec[name] = entry
         out["prompts"].append(rec)
-        log(f"    prompt {i}: " + ", ".join(f"{k}={'same' if rec[k]['identical'] else 'diverged@' + str(rec[k]['first_divergence'])}"
+        log(f"    prompt {i}: " + ", ".join(f"{k}={'same' if rec[k]['identical'] else 'diverged@' + str(rec[k]['position'])}"
                                            for k in LOSSLESS_KEYS)
             + f", acceptance {rec['mean_acceptance']:.2f}, sibling rounds {rec['through_sibling_rounds']}/{rec['rounds']}")
     for key in LOSSLESS_KEYS:

@@ -24,16 +24,22 @@ RESULTS = Path(__file__).resolve().parents[2] / "data" / "results"
 
 
 def first_divergence(target, prompt, a, b) -> dict:
-    """First position where token lists a and b differ, with the logits' top-2 there."""
+    """First position where token lists a and b differ, with the target's logits there given the
+    common prefix (the caller picks the backend). A near-tie: both chosen tokens within bf16 noise
+    of the best logit; ties of more than two tokens count too (any may come out on top after a
+    rounding). Also bench.kernels' losslessness check."""
     pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if pos is None:
-        return {"identical": True}
+        if len(a) == len(b):
+            return {"identical": True}
+        # one is a prefix of the other: they part where the shorter one stops, no logits to compare
+        return {"identical": False, "position": min(len(a), len(b)), "lengths": [len(a), len(b)], "near_tie": False}
     cache = target.new_cache(len(prompt) + pos + 8)
     logits = target.run_chain(prompt + b[:pos], cache, logits="last").logits[-1].float()
     top = torch.topk(logits, 2)
     best = float(top.values[0])
     behind = [best - float(logits[a[pos]]), best - float(logits[b[pos]])]
-    return {"identical": False, "position": pos, "tokens": [int(a[pos]), int(b[pos])], "top1_logit": best,
+    return {"identical": False, "position": pos, "tokens": [int(a[pos]), int(b[pos])], "top2_ids": top.indices.tolist(), "top1_logit": best,
             "top2_gap": float(top.values[0] - top.values[1]), "tokens_behind_top1": behind,
             "near_tie": bool(max(behind) <= 0.02 * max(1.0, abs(best)))}
 
