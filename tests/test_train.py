@@ -269,14 +269,43 @@ def test_drafter_recipe_trains_loads_and_drafts_losslessly(corpus, trained_targe
         assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
     # stage 2: fine-tune from it on task-shaped prompts with the target's features cached at generation
     ft = train_drafter(target_dir=target_dir, corpus=corpus[0], out=tmp_path / "ft", steps=6, batch_size=4, seq_len=40,
-                       blocks_per_seq=3, lr=1e-3, warmup=1, self_distill_count=6, distill_prompts="docstrings",
-                       distill_prompt_lens=(20,), distill_batch=3, cache_features=True, init_from=model_dir, quiet=True)
+                       blocks_per_seq=3, lr=1e-3, warmup=1, self_distill_count=7, distill_prompts="docstrings",
+                       distill_prompt_lens=(20, 12), distill_batch=3, cache_features=True, init_from=model_dir, quiet=True)
     card = check_card(ft)
-    assert card["initialized_from"]["card_sha256"] and card["data"]["self_distilled_sequences"] == 6
+    assert card["initialized_from"]["card_sha256"] and card["data"]["self_distilled_sequences"] == 7
+    assert card["initialized_from"]["card"]["steps"] == 12  # the lineage is kept for the zoo's table
+    with safe_open(str(tmp_path / "ft" / "distill.safetensors"), "pt") as f:  # 4 prompts of 20 tokens, 3 of 12
+        assert sorted(f.get_tensor("prompt_lens").tolist()) == [12] * 3 + [20] * 4
     assert json.loads((ft / "config.json").read_text())["dflash_config"] == cfg["dflash_config"]  # shape taken from init
     drafter = DFlashDrafter(load_dflash(ft, "cpu", torch.float32, target.config), target)
     cfg_tree = GenerationConfig(method="ddtree", budget=16, max_new_tokens=30, stop_on_eos=False, trace_topk=0)
     assert generate(target, prompt, cfg_tree, drafter).generated_ids == ar.generated_ids
+
+
+def test_docstring_prompts_are_cached_beside_the_corpus_for_another_machine(corpus, tmp_path):
+    import shutil
+
+    from workbench.train.corpus import load_corpus
+    from workbench.train.drafter import docstring_bank, docstring_prompts
+
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus[0], copy)
+    c = load_corpus(copy)
+    bank = docstring_bank(c, copy, 20)
+    assert bank.shape[1] == 20 and bank.shape[0] >= 4 and (copy / "docstring-prompts-20.safetensors").is_file()
+    picked = docstring_prompts(c, copy, 20, 3, seed=5)
+    assert picked.shape == (3, 20) and torch.equal(picked, docstring_prompts(c, copy, 20, 3, seed=5))
+    assert all(any(torch.equal(row, b) for b in bank) for row in picked)
+    # a machine whose files differ (another Python's stdlib): the cache serves it, a missing length fails clearly
+    m = json.loads((copy / "corpus.json").read_text())
+    m["root"] = str(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "other.py").write_text("def f():\n    \"\"\"Another library.\"\"\"\n")
+    (copy / "corpus.json").write_text(json.dumps(m))
+    moved = load_corpus(copy)
+    assert torch.equal(docstring_bank(moved, copy, 20), bank)
+    with pytest.raises(TrainError, match="fingerprint mismatch"):
+        docstring_bank(moved, copy, 12)
 
 
 def test_pack_and_unpack_round_trip(trained_target, tmp_path):

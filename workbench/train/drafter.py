@@ -196,20 +196,40 @@ def self_distill(target: CausalLM, tokens: torch.Tensor, count: int, length: int
 def docstring_prompts(corpus: Corpus, tokenizer_dir: str | Path, length: int, count: int, seed: int) -> torch.Tensor:
     """Task-shaped prompts from the *training* files: the ``length`` tokens that end where a function's
     docstring ends (signature + docstring, and whatever precedes them), as HumanEval-style prompts look.
-    The training files are rebuilt from the corpus root and must match the corpus fingerprint."""
+    ``count`` rows of the bank (:func:`docstring_bank`) in a seeded order."""
+    bank = docstring_bank(corpus, tokenizer_dir, length)
+    order = torch.randperm(bank.shape[0], generator=torch.Generator().manual_seed(seed))
+    return bank[order[:count]]
+
+
+def docstring_bank(corpus: Corpus, tokenizer_dir: str | Path, length: int) -> torch.Tensor:
+    """Every docstring-ending prompt of ``length`` tokens in the training files, in file order [N, length].
+
+    Built from the files the corpus was made from (they must match its fingerprint) and cached beside the
+    corpus (``docstring-prompts-<length>.safetensors``, keyed by the train fingerprint and tokenizer), so a
+    machine with another Python's standard library can train on a corpus carried to it."""
     import ast
 
     from tokenizers import Tokenizer
 
+    from .common import atomic_write_bytes
     from .corpus import collect_documents, fingerprint, split_documents
 
     m = corpus.manifest
+    tok_path = Path(tokenizer_dir) / "tokenizer.json"
+    key = json.dumps({"length": length, "train": m["fingerprint"]["train"], "tokenizer": sha256_file(tok_path)}, sort_keys=True)
+    cache = Path(corpus.directory) / f"docstring-prompts-{length}.safetensors"
+    if cache.is_file():
+        with safe_open(str(cache), framework="pt") as f:
+            if (f.metadata() or {}).get("key") == key:
+                return f.get_tensor("prompts").long()
     docs, _ = collect_documents(m["root"], tuple(m.get("suffixes") or (".py",)))
     train, _ = split_documents(docs, float(m["heldout_fraction"]))
     if fingerprint(train) != m["fingerprint"]["train"]:
-        raise TrainError(f"{m['root']}: its files differ from the ones the corpus was built from (fingerprint mismatch)")
-    tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
-    ends = []
+        raise TrainError(f"{m['root']}: its files differ from the ones the corpus was built from (fingerprint mismatch), "
+                         f"and {cache} holds no docstring prompts of {length} tokens for this corpus")
+    tok = Tokenizer.from_file(str(tok_path))
+    rows = []
     for rel, text in train:
         try:
             tree = ast.parse(text)
@@ -218,26 +238,19 @@ def docstring_prompts(corpus: Corpus, tokenizer_dir: str | Path, length: int, co
         starts = [0]
         for line in text.splitlines(keepends=True):
             starts.append(starts[-1] + len(line))
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node):
-                end_line = node.body[0].end_lineno  # the docstring's last line (1-based)
-                if end_line is not None and end_line < len(starts):
-                    ends.append((rel, starts[end_line]))
-    if not ends:
-        raise TrainError("no function docstrings found in the training files")
-    order = torch.randperm(len(ends), generator=torch.Generator().manual_seed(seed)).tolist()
-    text_of = dict(train)
-    rows = []
-    for j in order:
-        rel, end = ends[j]
-        ids = tok.encode(text_of[rel][max(0, end - 8 * length) : end], add_special_tokens=False).ids
-        if len(ids) > length:  # drop the first (possibly cut) token and keep the last `length`
-            rows.append(ids[-length:])
-        if len(rows) == count:
-            break
+        ends = sorted({starts[node.body[0].end_lineno] for node in ast.walk(tree)
+                       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node)
+                       and node.body[0].end_lineno is not None and node.body[0].end_lineno < len(starts)})
+        for end in ends:
+            ids = tok.encode(text[max(0, end - 8 * length) : end], add_special_tokens=False).ids
+            if len(ids) > length:  # drop the first (possibly cut) token and keep the last `length`
+                rows.append(ids[-length:])
     if not rows:
-        raise TrainError(f"no docstring prompt has {length} tokens before it")
-    return torch.tensor(rows, dtype=torch.int64)
+        raise TrainError(f"no docstring prompt in the training files has {length} tokens before it")
+    bank = torch.tensor(rows, dtype=torch.int32)
+    from safetensors.torch import save
+    atomic_write_bytes(cache, save({"prompts": bank}, metadata={"key": key}))
+    return bank.long()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -357,8 +370,6 @@ def train_drafter(
         raise TrainError(f"distill_fraction must be in [0, 1], got {distill_fraction}")
     if distill_prompts not in ("windows", "docstrings"):
         raise TrainError(f"distill_prompts must be 'windows' or 'docstrings', got {distill_prompts!r}")
-    if distill_prompts == "docstrings" and len(distill_prompt_lens) != 1:
-        raise TrainError("docstring prompts have one length: give exactly one distill prompt length")
     if cache_features and self_distill_count < 1:
         raise TrainError("cache_features trains on self-distilled sequences only: give self_distill_count >= 1")
     if cache_features:
@@ -410,13 +421,20 @@ def train_drafter(
 
         t0 = time.time()
         target.eval()
-        bank = None
-        if distill_prompts == "docstrings":
-            bank = docstring_prompts(data, data.directory, distill_prompt_lens[0], self_distill_count, dseed)
-            log(f"self-distillation: {bank.shape[0]} docstring prompts of {bank.shape[1]} tokens from the training files")
-        made = self_distill(target, data.train, self_distill_count, seq_len, list(distill_prompt_lens),
-                            distill_batch, dseed, dev, log, distill_seconds, taps=tuple(dcfg.target_layer_ids) if cache_features else (),
-                            prompt_bank=bank)
+        gen_taps = tuple(dcfg.target_layer_ids) if cache_features else ()
+        if distill_prompts == "docstrings":  # each length its own bank, the count split between them
+            parts = []
+            for j, plen in enumerate(distill_prompt_lens):
+                share = self_distill_count // len(distill_prompt_lens) + (j < self_distill_count % len(distill_prompt_lens))
+                bank = docstring_prompts(data, data.directory, plen, share, dseed + j)
+                log(f"self-distillation: {bank.shape[0]} docstring prompts of {plen} tokens from the training files")
+                left = None if distill_seconds is None else max(1.0, distill_seconds - (time.time() - t0))
+                parts.append(self_distill(target, data.train, bank.shape[0], seq_len, [plen], distill_batch, dseed + j, dev, log,
+                                          left, taps=gen_taps, prompt_bank=bank))
+            made = [torch.cat(col) for col in zip(*parts)]
+        else:
+            made = self_distill(target, data.train, self_distill_count, seq_len, list(distill_prompt_lens),
+                                distill_batch, dseed, dev, log, distill_seconds, taps=gen_taps)
         gen, gen_plen = made[0], made[1]
         gen_feats = made[2] if cache_features else None
         gen_seconds = time.time() - t0
@@ -430,6 +448,8 @@ def train_drafter(
         with torch.no_grad(), autocast_for(dev):
             gen_feats = torch.cat([batched_hidden(target, gen[i : i + distill_batch], tuple(dcfg.target_layer_ids))[1].to(torch.bfloat16)
                                    for i in range(0, gen.shape[0], distill_batch)])
+    if gen_feats is not None and dev.type == "cuda" and gen_feats.numel() * 2 < 0.4 * torch.cuda.mem_get_info(dev)[0]:
+        gen_feats = gen_feats.to(dev)  # a batch is then a device gather, not a host copy per step
     taps = tuple(dcfg.target_layer_ids)
 
     def batch_at(step):
@@ -449,7 +469,7 @@ def train_drafter(
     def loss_fn(step):
         tokens, anchors, use_gen, idx = batch_at(step)
         if gen_feats is not None and use_gen:
-            features = gen_feats[idx].to(dev).float()  # cached at generation: the target never runs here
+            features = gen_feats[idx.to(gen_feats.device)].to(dev).float()  # cached at generation: the target never runs here
         else:
             with torch.no_grad():
                 _, features = batched_hidden(target, tokens, taps)
@@ -479,7 +499,8 @@ def train_drafter(
                      "card": json.loads(ic.read_text()) if ic.is_file() else None}
         if init_info["card"]:
             init_info["card"] = {k: init_info["card"].get(k) for k in ("name", "steps", "data", "device", "date", "training_seconds",
-                                                                       "final_train_loss", "eval", "batch", "schedule")}
+                                                                       "final_train_loss", "eval", "batch", "schedule",
+                                                                       "tokens_seen", "initialized_from")}
     evals = {}
     fresh = fresh_plen = None
     if gen is not None:  # continuations of held-out prompts the drafter never saw: the number that predicts tau

@@ -68,10 +68,11 @@ class Scale:
     ft_prompts: str = "docstrings"
     ft_prompt_lens: tuple = (160,)
     ft_seq_len: int = 288
-    ft_steps: int = 400
+    ft_steps: int | str = 400  # or auto: calibrated to ft_seconds
     ft_batch: int = 16
     ft_lr: float = 5e-4
     ft_warmup: int = 20
+    ft_seconds: float | None = None  # a time bound on the fine-tune's steps (None: all ft_steps)
 
 
 SCALES = {
@@ -234,7 +235,7 @@ def finetune_pair(pair: str, out: Path, work: Path, corpus_dir: Path, scale: Sca
                          gamma=scale.gamma, lr=scale.ft_lr, warmup=scale.ft_warmup, self_distill_count=scale.ft_distill,
                          distill_prompt_lens=tuple(scale.ft_prompt_lens), distill_batch=scale.ft_distill_batch,
                          distill_seed=scale.ft_distill_seed, distill_prompts=scale.ft_prompts, cache_features=True,
-                         init_from=keep, seed=seed,
+                         init_from=keep, seed=seed, max_seconds=scale.ft_seconds,
                          device=device, checkpoint_every=50, name=f"{pair}-dflash", quiet=quiet, log=log)
     shutil.rmtree(start)
     shutil.copytree(ddir, start)
@@ -257,6 +258,21 @@ def _loss_cell(loss, ev) -> str:
     return f"tau_est {ev['tau_est']:.2f} (continuations of held-out-file windows)" if ev else ""
 
 
+def _lineage(card: dict) -> list[dict]:
+    """The stages a model was trained in, oldest first: its card, then what each was initialized from."""
+    stages = [card]
+    while (stages[-1].get("initialized_from") or {}).get("card"):
+        stages.append(stages[-1]["initialized_from"]["card"])
+    return stages[::-1]
+
+
+def _tokens_seen(card: dict) -> int:
+    if card.get("tokens_seen"):
+        return int(card["tokens_seen"])
+    batch = card.get("batch") or {}  # older summaries kept only the batch shape
+    return int(card.get("steps", 0)) * int(batch.get("sequences", 0)) * int(batch.get("seq_len", 0))
+
+
 def write_zoo_readme(out: Path) -> Path:
     """data/zoo/README.md: one row per model from its card, and how to rebuild them."""
     import json as _json
@@ -269,12 +285,12 @@ def write_zoo_readme(out: Path) -> Path:
         loss = c.get("heldout_loss")
         ev = (c.get("eval") or {}).get("self_distilled_heldout_prompts") or {}
         steps, tokens, device = str(c["steps"]), f"{c.get('tokens_seen', 0) / 1e6:.1f}M", c.get("device", "")
-        first = ((c.get("initialized_from") or {}).get("card") or {})
-        if first:  # a stage-2 drafter: show both stages
-            t1 = first.get("steps", 0) * (first.get("batch") or {}).get("sequences", 0) * (first.get("batch") or {}).get("seq_len", 0)
-            steps = f"{first.get('steps')} + {c['steps']}"
-            tokens = f"{t1 / 1e6:.1f}M + {c.get('tokens_seen', 0) / 1e6:.1f}M"
-            device = f"{first.get('device')} + {device}"
+        stages = _lineage(c)
+        if len(stages) > 1:  # a fine-tuned drafter: every stage, the first one first
+            steps = " + ".join(str(st.get("steps")) for st in stages)
+            tokens = " + ".join(f"{_tokens_seen(st) / 1e6:.1f}M" for st in stages)
+            devices = [st.get("device") for st in stages]
+            device = " + ".join(d for i, d in enumerate(devices) if d not in devices[:i])
         rows.append(f"| {d.name} | {kind} | {c['parameters'] / 1e6:.2f}M | {steps} | {tokens} | "
                     f"{c['final_train_loss']:.3f} | {_loss_cell(loss, ev)} | {size / 2**20:.2f} MiB | {device} |")
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and f.name != "README.md")
@@ -294,7 +310,8 @@ def write_zoo_readme(out: Path) -> Path:
         "",
         "Rebuild: `python -m workbench.train.zoo --out data/zoo --parallel` (stage 1: tokenizer, corpus, targets, drafters; a GPU",
         "advised), then `OMP_NUM_THREADS=1 python -m workbench.train.zoo --out data/zoo --stage finetune --parallel` (stage 2:",
-        "each drafter fine-tuned on the target's own continuations of docstring-shaped prompts; CPU is fine).",
+        "each drafter fine-tuned on the target's own continuations of docstring-shaped prompts; CPU is fine, a GPU for the",
+        "larger set: see the drafters' cards for the settings each stage used).",
         "",
     ])
     path = out / "README.md"
@@ -333,9 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         current = getattr(scale, key)
         if isinstance(current, tuple):
             parsed = tuple(int(v) for v in value.split(","))
-        elif isinstance(current, str) and key not in ("target_steps", "drafter_steps"):
+        elif isinstance(current, str) and key not in ("target_steps", "drafter_steps", "ft_steps"):
             parsed = value
-        elif key in ("target_steps", "drafter_steps"):
+        elif key in ("target_steps", "drafter_steps", "ft_steps"):
             parsed = value if value == "auto" else int(value)
         elif current is None or isinstance(current, float):
             parsed = None if value == "none" else float(value)
