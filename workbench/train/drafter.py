@@ -247,7 +247,9 @@ def docstring_bank(corpus: Corpus, tokenizer_dir: str | Path, length: int) -> to
                 rows.append(ids[-length:])
     if not rows:
         raise TrainError(f"no docstring prompt in the training files has {length} tokens before it")
-    bank = torch.tensor(rows, dtype=torch.int32)
+    from .corpus import _storage_dtype
+
+    bank = torch.tensor(rows, dtype=_storage_dtype(tok.get_vocab_size(with_added_tokens=True)))
     from safetensors.torch import save
     atomic_write_bytes(cache, save({"prompts": bank}, metadata={"key": key}))
     return bank.long()
