@@ -350,12 +350,15 @@ class FastEngine:
             torch.cuda.synchronize()
         # the time the device sat idle between rounds, waiting for the host to queue the next one
         # (device timestamps); without them (CPU) the host's time in the loop outside the waits
-        host_seconds = sum(a.end.elapsed_time(b.start) for a, b in zip(queued, queued[1:])) / 1e3 if sync else host_busy
+        gaps = [a.end.elapsed_time(b.start) / 1e3 for a, b in zip(queued, queued[1:])] if sync else []
+        host_seconds = sum(gaps) if sync else host_busy
+        worst = max(range(len(gaps)), key=gaps.__getitem__) if gaps else None  # where the device waited longest
         decode_seconds = time.perf_counter() - t0 - prefill_seconds
         settings = asdict(cfg)
         settings.update(target=getattr(self.target, "source_directory", None), engine="fast", graphs=self.use_graphs,
                         host_seconds=host_seconds, host_busy_seconds=host_busy, rounds_queued=len(queued),
-                        rounds_queued_ahead=queued_ahead)
+                        rounds_queued_ahead=queued_ahead, host_gap_max_seconds=gaps[worst] if gaps else 0.0,
+                        host_gap_max_round=worst)
         settings["drafter"] = getattr(self.drafter, "name", None) if self.drafter is not None else None
         return Trace(
             prompt_ids=prompt, generated_ids=generated, rounds=rounds, settings=settings,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import hashlib
 import json
 import math
@@ -157,6 +158,7 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
             with tk.use_fused_norms(variant.startswith("fused_norms")):
                 engine = FastEngine(target, drafter, cfg, max_len=max_len, overlap_host=not variant.endswith(SERIAL))
                 engine.generate(ids[0])  # warm-up: captures the graphs
+                gc.collect()
                 tokens = seconds = host = busy = 0.0
                 taus, identical, outputs = [], 0, []
                 for x in ids:
@@ -185,7 +187,10 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
             rows.append(row)
             log(f"{name} T={temperature} {method:6s} b={budget:4d} {mode:6s} {variant}: {row['tokens_per_second']:8.1f} tok/s "
                 f"tau {row['mean_acceptance']:.2f} host {100 * row['host_fraction']:.1f}% (busy {100 * row['host_busy_fraction']:.0f}%) identical {row['identical_to_ar']}/{len(ids)}")
+            # the engine (and its CUDA graphs) in cycles would otherwise be collected inside a later
+            # row's timed loop, where freeing graphs stalls the host while the device idles
             del engine
+            gc.collect()
     hf = {}
     if not args.skip_hf:
         for temperature in args.temperatures:
