@@ -397,3 +397,29 @@ def test_auto_steps_are_fixed_inside_the_warmup_and_fill_the_budget():
     with pytest.raises(TrainError, match="time budget"):
         run_steps(model=model, params_model=model, sched=sched, loss_fn=loss_fn, device=torch.device("cpu"), checkpoint_dir=None,
                   state={}, checkpoint_every=10, resume=False, max_seconds=None, log=print, desc="t", quiet=True)
+
+
+def test_each_finetune_stage_starts_from_the_drafter_before_it(corpus, trained_target, tmp_path):
+    """Stages chain: a second fine-tune starts from the first one's result (not the original
+    drafter), and every stage's card summary stays in the lineage the zoo table reads."""
+    import shutil
+    from dataclasses import replace
+
+    from workbench.train.zoo import SCALES, _lineage, finetune_pair
+
+    _, target_dir = trained_target
+    zoo = tmp_path / "zoo"
+    shutil.copytree(target_dir, zoo / "tiny-hybrid")
+    first = train_drafter(target_dir=zoo / "tiny-hybrid", corpus=corpus[0], out=tmp_path / "d", steps=4, batch_size=2,
+                          seq_len=40, blocks_per_seq=2, lr=1e-3, warmup=1, num_layers=1, target_layer_ids=[1, 2, 3],
+                          quiet=True)
+    shutil.copytree(first, zoo / "tiny-hybrid-dflash")
+    scale = replace(SCALES["test"], ft_distill=3, ft_distill_batch=3, ft_prompt_lens=(12,), ft_seq_len=40, ft_steps=3,
+                    ft_batch=2, ft_warmup=1)
+    steps = []
+    for _ in range(2):
+        finetune_pair("tiny-hybrid", zoo, tmp_path / "work", corpus[0], scale, "cpu", 0, True, None)
+        card = check_card(zoo / "tiny-hybrid-dflash")
+        steps.append([st["steps"] for st in _lineage(card)])
+    assert steps == [[4, 3], [4, 3, 3]]
+    assert len(list((tmp_path / "work").glob("tiny-hybrid-dflash-from-*"))) == 2

@@ -79,6 +79,10 @@ SCALES = {
     "full": Scale(),
     # the device smoke test: real shapes and batches, a few steps (timings, and the whole flow on CUDA)
     "smoke": Scale(target_steps=30, drafter_steps=30, distill=1024, target_warmup=5, drafter_warmup=5, checkpoint_every=1000),
+    # stage 3 of the bundled drafters (2026-12-04, an H200): stage 2 again on the GPU, on every docstring of the
+    # training files at three prompt lengths (24,000 continuations) and for a fixed time
+    "gpu-finetune": Scale(ft_distill=24000, ft_distill_batch=2048, ft_prompt_lens=(96, 160, 224), ft_steps="auto",
+                          ft_seconds=170.0, ft_warmup=100, ft_batch=64, ft_lr=6e-4),
     # CPU tests: test-sized models, a small corpus
     "test": Scale(vocab_size=320, heldout_fraction=0.2, target_steps=30, target_batch=4, target_seq_len=64, target_warmup=3,
                   target_lr=3e-3, drafter_steps=30, drafter_batch=4, drafter_seq_len=64, drafter_blocks=3, drafter_warmup=3,
@@ -219,18 +223,23 @@ def _drafter_budget(budget, scale: Scale):
 
 def finetune_pair(pair: str, out: Path, work: Path, corpus_dir: Path, scale: Scale, device: str, seed: int, quiet: bool,
                   log_path: Path | None) -> dict:
-    """Stage 2: fine-tune ``out/<pair>-dflash`` on fresh self-distilled data (features cached), in place."""
+    """A fine-tuning stage: ``out/<pair>-dflash`` trained further on fresh self-distilled data (features cached), in place."""
     from .drafter import train_drafter
 
     log = Logger(log_path, quiet=quiet, prefix=f"{pair}: ")
     start = out / f"{pair}-dflash"
     if not (start / "config.json").is_file():
         raise TrainError(f"{start}: no stage-1 drafter to fine-tune")
-    keep = work / f"{pair}-dflash-stage1"
-    if not keep.exists():  # the stage-1 drafter, kept beside the work (its card is summarised in the new card)
+    # the starting drafter, kept beside the work (its card is summarised in the new card); keyed by its card, so an
+    # interrupted fine-tune resumes and a finished one, run again, is a further stage from the new drafter
+    from .common import sha256_file
+
+    tag = sha256_file(start / "card.json")[:12]
+    keep = work / f"{pair}-dflash-from-{tag}"
+    if not keep.exists():
         shutil.copytree(start, keep)
     t0 = time.time()
-    ddir = train_drafter(target_dir=out / pair, corpus=corpus_dir, out=work / f"{pair}-dflash-ft", steps=scale.ft_steps,
+    ddir = train_drafter(target_dir=out / pair, corpus=corpus_dir, out=work / f"{pair}-dflash-ft-{tag}", steps=scale.ft_steps,
                          batch_size=scale.ft_batch, seq_len=scale.ft_seq_len, blocks_per_seq=scale.drafter_blocks,
                          gamma=scale.gamma, lr=scale.ft_lr, warmup=scale.ft_warmup, self_distill_count=scale.ft_distill,
                          distill_prompt_lens=tuple(scale.ft_prompt_lens), distill_batch=scale.ft_distill_batch,
@@ -310,8 +319,9 @@ def write_zoo_readme(out: Path) -> Path:
         "",
         "Rebuild: `python -m workbench.train.zoo --out data/zoo --parallel` (stage 1: tokenizer, corpus, targets, drafters; a GPU",
         "advised), then `OMP_NUM_THREADS=1 python -m workbench.train.zoo --out data/zoo --stage finetune --parallel` (stage 2:",
-        "each drafter fine-tuned on the target's own continuations of docstring-shaped prompts; CPU is fine, a GPU for the",
-        "larger set: see the drafters' cards for the settings each stage used).",
+        "each drafter fine-tuned on the target's own continuations of docstring-shaped prompts; CPU is fine), then",
+        "`python -m workbench.train.zoo --out data/zoo --stage finetune --parallel --scale gpu-finetune` (stage 3: the same on",
+        "every docstring at three prompt lengths, on a GPU). Each drafter's card holds the settings of every stage.",
         "",
     ])
     path = out / "README.md"
