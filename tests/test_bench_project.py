@@ -30,6 +30,15 @@ def test_projection_arithmetic_and_only_budgets_with_both_inputs():
     assert list(unsafe["by_budget"]) == ["16"] and unsafe["by_budget"]["16"]["round_ms"] == pytest.approx(36.0)
 
 
+def test_pooled_tau_drives_the_projection_when_present():
+    pooled = {"pairs": {"tiny-hybrid": {"dflash": {"tau": 2.0, "tau_pooled": 1.7},
+                                        "ddtree": {"16": {"tau": 3.5, "tau_pooled": 3.0}, "64": {"tau": 5.4, "tau_pooled": 4.4}}}}}
+    r = project(E2E, pooled)
+    assert r["tau_key"] == "tau_pooled" and r["dflash_tau"] == 1.7
+    assert r["by_budget"]["16"]["tokens_per_second"] == pytest.approx(1e3 * 3.0 / 35.0)
+    assert project(E2E, ACC)["tau_key"] == "tau"  # older results without the pooled figure
+
+
 def test_missing_parts_are_named():
     with pytest.raises(ValueError, match="qwen36_27b_dims"):
         project({"pairs": {}}, ACC)
