@@ -170,23 +170,97 @@ def test_gdn_block_size_and_solve_variant_do_not_change_the_result(bs, pre):
     assert maxdiff(o, o16) < 1e-5 and maxdiff(st.G, st16.G) < 1e-6
 
 
-def test_gdn_default_config_takes_the_prepare_launch_only_for_several_blocks():
+def test_gdn_blocked_config_takes_the_prepare_launch_only_for_several_blocks():
+    from tree_kernels.tree_gdn import triton as tg
+
+    # one diagonal block after the peeled root
+    assert not tg.blocked_config(17, 128).get("PRE_INVERSE", False)
+    big = tg.blocked_config(18, 128)
+    assert big["PRE_INVERSE"] and big["BS"] == 16 and big["BV"] == 32 and big["PRE_OFFDIAG"]
+    assert tg.blocked_config(17, 128)["ROOT_PEEL"] and not big["ROOT_PEEL"]  # the peel pays only without stored blocks
+    assert tg.blocked_config(257, 128)["PRE_OFFDIAG"]
+    assert not tg.blocked_config(258, 128)["PRE_OFFDIAG"]  # nb^2 stored blocks: not measured
+    assert tg.blocked_config(64, 12)["BV"] == 16  # never wider than dv needs
+    # the blocked default on a tree of several blocks equals the single-launch kernel and the reference
+    tree = random_tree(40, 6, seed=9)
+    o_blocked, _ = check_gdn(tree, (1, 3, 8, 12), seed=2, config=tg.blocked_config(40, 12))
+    o_single, _ = check_gdn(tree, (1, 3, 8, 12), seed=2, config={"PRE_INVERSE": False})
+    assert maxdiff(o_blocked, o_single) < 1e-5
+
+
+def test_gdn_default_config_is_dense_for_one_block_after_a_known_root(monkeypatch):
     from tree_kernels.tree_gdn import triton as tg
 
     dev = torch.device("cpu")
-    # one diagonal block after the peeled root
-    assert not tg.default_config(17, 48, 128, dev).get("PRE_INVERSE", False)
-    big = tg.default_config(18, 48, 128, dev)
-    assert big["PRE_INVERSE"] and big["BS"] == 16 and big["BV"] == 32 and big["PRE_OFFDIAG"]
-    assert tg.default_config(17, 48, 128, dev)["ROOT_PEEL"] and not big["ROOT_PEEL"]  # the peel pays only without stored blocks
-    assert tg.default_config(257, 48, 128, dev)["PRE_OFFDIAG"]
-    assert not tg.default_config(258, 48, 128, dev)["PRE_OFFDIAG"]  # nb^2 stored blocks: not measured
-    assert tg.default_config(64, 3, 12, dev)["BV"] == 16  # never wider than dv needs
-    # the default on a tree of several blocks equals the single-launch kernel and the reference
-    tree = random_tree(40, 6, seed=9)
-    o_default, st_default = check_gdn(tree, (1, 3, 8, 12), seed=2, config=None)
-    o_single, _ = check_gdn(tree, (1, 3, 8, 12), seed=2, config={"PRE_INVERSE": False})
-    assert maxdiff(o_default, o_single) < 1e-5
+    assert tg.default_config(9, 48, 128, dev)["DENSE"] and tg.default_config(9, 48, 128, dev)["BN"] == 16
+    assert tg.default_config(17, 48, 128, dev, rooted=True)["BN"] == 16  # budget 16 + the root
+    assert not tg.default_config(17, 48, 128, dev)["DENSE"]  # no known root: 17 nodes are two blocks
+    assert not tg.default_config(33, 48, 128, dev, rooted=True)["DENSE"]  # measured slower than blocked
+    assert not tg.default_config(1, 48, 128, dev)["DENSE"]
+    with tg.dense_fork(True):  # the comparison switch reaches the kernels' largest tile
+        assert tg.default_config(65, 48, 128, dev, rooted=True)["BN"] == 64
+        assert not tg.default_config(65, 48, 128, dev)["DENSE"]
+        assert not tg.default_config(66, 48, 128, dev, rooted=True)["DENSE"]
+    assert tg.DENSE_MAX_NODES == 16  # restored
+    monkeypatch.setattr(tg, "DENSE_MAX_NODES", 0)
+    assert not tg.default_config(9, 48, 128, dev, rooted=True)["DENSE"]
+
+
+def _gdn_case(n, shape, seed):
+    return gdn_inputs(n, *shape, seed=seed)
+
+
+@pytest.mark.parametrize("n", [2, 9, 17, 33, 64, 65])
+@pytest.mark.parametrize("shape", [(1, 3, 8, 12), (3, 3, 12, 20)])
+def test_gdn_dense_kernel_equals_the_reference_and_the_blocked_solve(n, shape):
+    """The one-block kernel (recursive-doubling inverse, no chain) against the torch reference and
+    the blocked solve, with the root peeled (rooted) or not (n <= 64)."""
+    from tree_kernels.tree_gdn import triton as tg
+
+    tree = random_tree(n, 8, seed=n + 3, shape="mixed")
+    c = compile_tree(tree, 0)
+    q, k, v, gate, beta, s0 = _gdn_case(n, shape, seed=n)
+    o_ref, st_ref = gdn_naive.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
+    o_blk, st_blk = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=tg.blocked_config(n, shape[3]))
+    for rooted in ([True, False] if n <= 64 else [True]):
+        with tg.dense_fork(True):
+            cfg = tg.default_config(n, shape[0] * shape[1], shape[3], torch.device("cpu"), rooted)
+            assert cfg["DENSE"]
+            o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, rooted=rooted)
+        assert maxdiff(o, o_ref) < 2e-5 and maxdiff(st.u, st_ref.u) < 2e-5
+        assert maxdiff(st.G, st_ref.G) < 1e-5 and maxdiff(st.k, st_ref.k) == 0.0
+        assert maxdiff(o, o_blk) < 2e-5 and maxdiff(st.u, st_blk.u) < 2e-5
+        path = tree.path_to(n - 1)
+        assert maxdiff(gdn_tr.tree_gdn_commit(st, s0, path), gdn_naive.tree_gdn_commit(st_ref, s0, path)) < 2e-5
+
+
+def _chains_anc(sizes):
+    """Ancestor-or-self mask of chains side by side (node 0 is not every node's ancestor)."""
+    n = sum(sizes)
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    lo = 0
+    for m in sizes:
+        anc[lo:lo + m, lo:lo + m] = torch.ones(m, m, dtype=torch.bool).tril()
+        lo += m
+    return anc
+
+
+def test_gdn_dense_kernel_on_a_forest_peels_nothing_and_stays_exact():
+    anc = _chains_anc([7, 12, 5])
+    q, k, v, gate, beta, s0 = _gdn_case(24, (1, 3, 8, 12), seed=5)
+    o_ref, st_ref = gdn_naive.tree_gdn_fork(q, k, v, gate, beta, s0, anc)
+    o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, config={"DENSE": True})
+    assert maxdiff(o, o_ref) < 2e-5 and maxdiff(st.u, st_ref.u) < 2e-5 and maxdiff(st.G, st_ref.G) < 1e-5
+
+
+def test_gdn_dense_kernel_poisons_a_tree_wrongly_declared_rooted():
+    """65 nodes only fit after a peeled root: a forest passed as rooted gets NaN, not wrong numbers."""
+    anc = _chains_anc([30, 35])
+    q, k, v, gate, beta, s0 = _gdn_case(65, (1, 3, 8, 12), seed=6)
+    o, _ = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, rooted=True, config={"DENSE": True})
+    assert torch.isnan(o[:64]).all()
+    with pytest.raises(ValueError, match="BN=16 is smaller than the 65 nodes"):
+        gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, rooted=True, config={"DENSE": True, "BN": 16})
 
 
 @pytest.mark.parametrize("n", [17, 33, 65])
@@ -762,3 +836,13 @@ def test_kv_write_static_puts_the_rows_at_the_device_offset(t, dtype):
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
     with pytest.raises(ValueError, match="do not fit"):
         kv_tr.kv_write_static(got_k, got_v, start, k[:, :2], v)
+
+
+def test_gdn_dense_kernel_refuses_a_block_beyond_its_largest():
+    from tree_kernels.tree_gdn import triton as tg
+
+    anc = _chains_anc([70])
+    q, k, v, gate, beta, s0 = _gdn_case(70, (1, 3, 8, 12), seed=7)
+    with pytest.raises(ValueError, match="BN=128 is larger than the 64 nodes"):
+        gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, rooted=True, config={"DENSE": True})
+    assert tg.DENSE_LARGEST == 64

@@ -160,6 +160,7 @@ def test_compile_positions_and_chain():
     assert torch.equal(chain.anc, torch.ones(3, 3, dtype=torch.bool).tril())
     flat = c.flattened()
     assert flat.parents.tolist() == [-1, 0, 1, 2] and torch.equal(flat.positions, c.positions)
+    assert c.rooted and chain.rooted and flat.rooted  # node 0 is every node's ancestor in all three
 
 
 def test_follow_takes_matching_children_and_returns_the_bonus():

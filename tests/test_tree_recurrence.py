@@ -174,3 +174,33 @@ def test_long_prefill_chunks_match_single_pass(hybrid):
     whole = hybrid.run_chain(ids, c1).logits  # 150 > 64: chunked fork
     parts = torch.cat([hybrid.run_chain(ids[i : i + 10], c2).logits for i in range(0, 150, 10)])
     assert (whole - parts).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("mode", ["fork", "unsafe"])
+def test_verify_tells_the_gdn_fork_its_tree_is_rooted(monkeypatch, mode):
+    """The dense GDN kernel fits budget + 1 nodes only with the root peeled: the verify must pass
+    rooted=True for draft trees (and for the flattened chain of unsafe), False for a forest."""
+    import workbench.verify as verify
+
+    seen = []
+    real = verify.tk.tree_gdn_fork
+
+    def spy(*args, **kw):
+        seen.append(kw.get("rooted"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(verify.tk, "tree_gdn_fork", spy)
+    tree = Tree.from_parents([5, 6, 7, 8, 9], [-1, 0, 0, 1, 2])
+    c = compile_tree(tree, prefix_len=3)
+    hv, dk, dv = 2, 4, 4
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(5, 1, dk, generator=g), torch.randn(5, 1, dk, generator=g)
+    v = torch.randn(5, hv, dv, generator=g)
+    gate, beta = -torch.rand(5, hv, generator=g), torch.rand(5, hv, generator=g)
+    s0 = torch.randn(hv, dk, dv, generator=g)
+    verify.tree_recurrence(mode, q, k, v, gate, beta, s0, c)
+    assert seen == [True]
+    from dataclasses import replace
+
+    verify.tree_recurrence(mode, q, k, v, gate, beta, s0, replace(c, rooted=False))
+    assert seen[-1] == (mode == "unsafe")  # unsafe runs the flattened chain, rooted whatever the tree

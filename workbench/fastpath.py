@@ -180,7 +180,7 @@ class FastEngine:
         max_depth = self.depth if cfg.method != "ar" else 0
         anc = static_ancestor_mask(st.parents, max_depth)
         tree = CompiledTree(st.tokens, st.parents, st.depths, b.position + st.depths, anc, -1, cfg.method != "ddtree", b.position,
-                            commit_in_forward=self.commit_in_forward)
+                            commit_in_forward=self.commit_in_forward, rooted=True)  # static trees: node 0 is the root
         out = self.target(tree, self.cache, cfg.recurrent, self.taps)
         choices = choose_static(self.sampler, out.logits, st.depths, b.position + 1, max_depth)
         walk = walk_static(st.tokens, st.parents, st.depths, st.valid, anc, choices, max_depth)

@@ -284,6 +284,9 @@ class CompiledTree:
     # recurrent layers move their conv window and state in place during the forward and no commit
     # follows (attention's KV row is already where a commit would put it)
     commit_in_forward: bool = False
+    # node 0 is an ancestor of every node (one root: every draft tree, every chain); lets the GDN
+    # fork peel the root so that budget + 1 nodes still fit one dense block
+    rooted: bool = False
     _conv_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _bitmask: torch.Tensor | None = field(default=None, repr=False)
     _flat: "CompiledTree | None" = field(default=None, repr=False)
@@ -319,6 +322,7 @@ class CompiledTree:
                 self.prefix_len,
                 True,
                 self.prefix_t,
+                rooted=True,
             )
         return self._flat
 
@@ -340,6 +344,7 @@ def compile_tree(tree: Tree, prefix_len: int, device: torch.device | str = "cpu"
         anc,
         prefix_len,
         chain,
+        rooted=len(tree) > 0,  # a Tree has one root, node 0 (from_parents refuses any other parent -1)
     )
 
 
@@ -356,6 +361,7 @@ def compile_chain(tokens: torch.Tensor | list[int], prefix_len: int, device: tor
         torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril(),
         prefix_len,
         True,
+        rooted=True,
     )
 
 

@@ -175,14 +175,16 @@ def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=Non
         s = state
         for lo in range(0, n, CHAIN_CHUNK):
             hi = min(n, lo + CHAIN_CHUNK)
-            o, stash = tk.tree_gdn_fork(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], s, anc[lo:hi, lo:hi], scale)
+            o, stash = tk.tree_gdn_fork(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], s, anc[lo:hi, lo:hi], scale,
+                                        rooted=True)  # a slice of a chain
             outs.append(o)
             stashes.append(stash)
             starts.append(lo)
             start_states.append(s)
             s = tk.tree_gdn_commit(stash, s, torch.arange(hi - lo, device=v.device))
         return torch.cat(outs), _StashPending(stashes, start_states, starts, anc, True)
-    o, stash = tk.tree_gdn_fork(q, k, v, g, beta, state, anc, scale)
+    # the flattened order is a chain: rooted whatever the tree
+    o, stash = tk.tree_gdn_fork(q, k, v, g, beta, state, anc, scale, rooted=flat or tree.rooted)
     return o, _StashPending([stash], [state], [0], anc, flat)
 
 

@@ -66,7 +66,8 @@ def _floats(*xs) -> bool:
 def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, **tuning):
     """Exact ancestor-masked gated delta rule. See tree_gdn/naive.py. Returns (o fp32, stash).
 
-    ``tuning`` (Triton only): ``config={"BS": ..., "BV": ..., "num_warps": ...}``.
+    ``tuning`` (Triton only): ``config={"BS": ..., "BV": ..., "num_warps": ...}``, ``rooted=True``
+    when node 0 is known to be every node's ancestor (the dense kernel then peels it).
     """
     if use_triton(v) and _floats(q, k, v, g, beta, state):
         from .tree_gdn import triton as impl

@@ -429,6 +429,11 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         from ..fastpath import use_commit_in_forward
 
         out["commit_in_forward_off"] = variant("commit in forward off", use_commit_in_forward(False))
+    if args.gdn_blocked:  # the verify's GDN layers through the blocked solve (prepare + chained fork) again
+        from tree_kernels.tree_gdn import triton as tg
+
+        out["gdn_dense_" + ("off" if tg.DENSE_MAX_NODES else "on")] = variant(
+            "gdn dense fork " + ("off" if tg.DENSE_MAX_NODES else "on"), tg.dense_fork(not tg.DENSE_MAX_NODES))
     if args.gemv:  # the one-row GEMMs through cuBLAS again instead of the Triton GEMV
         import tree_kernels as tk
 
@@ -468,6 +473,8 @@ def main(argv=None) -> dict:
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-pairs", action="store_true")
     p.add_argument("--skip-27b", action="store_true")
+    p.add_argument("--gdn-blocked", action="store_true",
+                   help="27B dims: the AR step and the 65-token verify again with the GDN fork's dense kernel switched")
     p.add_argument("--commit-in-forward", action="store_true",
                    help="also time the 27B AR step with the recurrent commit after the forward (the route before it moved in place)")
     p.add_argument("--compile", action="store_true", help="also time the 27B steps with torch.compile'd layers")

@@ -91,6 +91,25 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
+def kernel_us(fn, repeats: int = 20) -> dict:
+    """GPU microseconds per call of each kernel ``fn`` launches (torch.profiler, eager): which
+    launch of a multi-launch op holds the time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            out[e.name] = out.get(e.name, 0.0) + us / repeats
+    return out
+
+
 def err(out: torch.Tensor, ref: torch.Tensor) -> dict:
     d = (out.double() - ref.double()).abs().max().item()
     scale = ref.double().abs().max().item()
@@ -218,10 +237,11 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
     path = deepest_path(tree)
     path_t = torch.tensor(path, device=dev)
     row: dict = {"nodes": len(tree), "max_depth": tree.max_depth, "path_len": len(path),
-                 "default_config": tg.default_config(t, GDN["hv"], GDN["dv"], dev)}
+                 "default_config": tg.default_config(t, GDN["hv"], GDN["dv"], dev, rooted=True)}
     log(f"  GDN T={t}")
-    # correctness vs the fp32 reference on the same inputs
-    o, st = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
+    # correctness vs the fp32 reference on the same inputs; the default as the verify calls it (a
+    # draft tree is rooted: budget + 1 nodes fit the dense kernel)
+    o, st = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, rooted=True)
     o_ref, st_ref = naive.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
     s_commit = tg.tree_gdn_commit(st, s0, path_t)
     s_ref = naive.tree_gdn_commit(st_ref, s0, path)
@@ -231,33 +251,68 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
     row["err_o_torch_ref_vs_fp64_paths"] = err(o_ref, o_paths)
     row["err_commit_vs_fp32_ref"] = err(s_commit, s_ref)
     row["err_u_vs_fp32_ref"] = err(st.u, st_ref.u)
-    timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc), rep, graph=True)
+    timed("triton_fork_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, rooted=True), rep, graph=True)
+    # the blocked solve (the default before the dense kernel), side by side
+    blocked = tg.blocked_config(t, GDN["dv"])
+    o_blk, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=blocked)
+    row["err_blocked_o_vs_fp32_ref"] = err(o_blk, o_ref)
+    timed("triton_fork_blocked_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=blocked), rep, graph=True)
+    if not row["default_config"].get("DENSE") and t - 1 <= tg.DENSE_LARGEST:
+        # the dense solve where the default is blocked (it measured slower there): still timed
+        dense = {"DENSE": True}
+        o_dn, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=dense, rooted=True)
+        row["err_dense_o_vs_fp32_ref"] = err(o_dn, o_ref)
+        timed("triton_fork_dense_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=dense, rooted=True), rep, graph=True)
+    try:  # per launch (the dense solve's prepare and apply; the blocked prepare and chain)
+        row["kernel_us_default"] = kernel_us(lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, rooted=True))
+        row["kernel_us_blocked"] = kernel_us(lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=blocked))
+        log(f"    per launch: default {row['kernel_us_default']}, blocked {row['kernel_us_blocked']}")
+    except Exception as exc:
+        row["kernel_us_error"] = repr(exc)[:300]
+    if row["default_config"].get("DENSE"):
+        row["dense_sweep"] = []
+        variants = [dict(BV=bv, num_warps=nw) for bv, nw in ((16, 4), (32, 4), (64, 4), (16, 8), (32, 8), (64, 8), (128, 8))]
+        variants += [dict(prep_warps=pw) for pw in (2, 4, 8, 16)] + [dict(BKC=bkc) for bkc in (16, 64)]
+        for var in variants:
+            cfg = dict(row["default_config"], **var)
+            rec = dict(cfg)
+            try:
+                fn = lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg, rooted=True)  # noqa: E731
+                o2, _ = fn()
+                if out_of_resources(("gdn_fork", GDN["dk"], GDN["dv"], str(dev)), cfg):
+                    raise RuntimeError("OutOfResources (the wrapper fell back to a smaller config)")
+                rec["max_abs_vs_fp32_ref"] = (o2 - o_ref).abs().max().item()
+                rec["cold_graph_ms"] = cold_graph_ms(fn, 20)
+            except Exception as exc:
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            row["dense_sweep"].append(rec)
+            log(f"    dense {rec}")
     # the single-launch kernel (the default before PRE_INVERSE was measured), for the ratio
     single = {"PRE_INVERSE": False, "BV": 64}
     o_single, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=single)
     row["err_single_launch_o_vs_fp32_ref"] = err(o_single, o_ref)
     timed("triton_fork_single_launch_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=single), rep, graph=True)
     # the default with the root peel flipped (peeled: blocks from node 1), for trees of 16 k + 1 nodes
-    default_peels = tg.default_config(t, GDN["hv"], GDN["dv"], dev).get("ROOT_PEEL", True)
+    default_peels = tg.blocked_config(t, GDN["dv"]).get("ROOT_PEEL", True)
     flip = "no_peel" if default_peels else "peel"
-    flipped = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), ROOT_PEEL=not default_peels)
+    flipped = dict(tg.blocked_config(t, GDN["dv"]), ROOT_PEEL=not default_peels)
     o_np, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=flipped)
     row[f"err_{flip}_o_vs_fp32_ref"] = err(o_np, o_ref)
     timed(f"triton_fork_{flip}_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=flipped), rep, graph=True)
     if t > 17:  # without the prepare launch storing the u-independent off-diagonal blocks
-        offd = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), PRE_INVERSE=True, PRE_OFFDIAG=False)
+        offd = dict(tg.blocked_config(t, GDN["dv"]), PRE_INVERSE=True, PRE_OFFDIAG=False)
         o_off, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=offd)
         row["err_no_offdiag_o_vs_fp32_ref"] = err(o_off, o_ref)
         timed("triton_fork_no_offdiag_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=offd), rep, graph=True)
-    if t > 17 and not tg.default_config(t, GDN["hv"], GDN["dv"], dev).get("PRE_OFFDIAG"):
+    if t > 17 and not tg.blocked_config(t, GDN["dv"]).get("PRE_OFFDIAG"):
         # the default stores no off-diagonal blocks here (nb^2 of them); time them stored anyway
-        ond = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), PRE_INVERSE=True, PRE_OFFDIAG=True)
+        ond = dict(tg.blocked_config(t, GDN["dv"]), PRE_INVERSE=True, PRE_OFFDIAG=True)
         o_on, _ = tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=ond)
         row["err_offdiag_o_vs_fp32_ref"] = err(o_on, o_ref)
         timed("triton_fork_offdiag_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=ond), rep, graph=True)
     if t > 17:  # the prepare launch's warps per program (one by default)
         for pw in (2, 4):
-            cfg_pw = dict(tg.default_config(t, GDN["hv"], GDN["dv"], dev), prep_warps=pw)
+            cfg_pw = dict(tg.blocked_config(t, GDN["dv"]), prep_warps=pw)
             timed(f"triton_fork_prep_warps{pw}_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg_pw), rep, graph=True)
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(st, s0, path_t), rep, graph=True)
     if sweep and t == 64:

@@ -44,6 +44,8 @@ with the path either a device index tensor (cached across layers) or the range 0
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -52,7 +54,8 @@ from ..norms.triton import gdn_gate_values
 from .._triton_common import as_last_contiguous, dot_precision, mask_as_uint8, launch_with_fallback, next_pow2, path_operand
 from .naive import TreeGDNStash
 
-__all__ = ["tree_gdn_fork", "tree_gdn_commit", "gdn_decode_step", "default_config"]
+__all__ = ["tree_gdn_fork", "tree_gdn_commit", "gdn_decode_step", "default_config", "blocked_config", "dense_config",
+           "dense_fork"]
 
 
 @triton.jit
@@ -280,6 +283,153 @@ def _gdn_fork_kernel(
         tl.debug_barrier()  # u_b is read back by later blocks (other threads of this program)
 
 
+@triton.jit
+def _unit_lower_inverse_doubling(L, N: tl.constexpr, LOG2N: tl.constexpr, PREC: tl.constexpr):
+    """(I + L)^-1 for a strictly lower-triangular [N, N] L by recursive doubling: with X the
+    inverse's block diagonal in s x s blocks, the inverse in 2s x 2s blocks is X - X C X, C being
+    L's lower-left s x s quarter of every 2s block ([[A, 0], [C, B]]^-1 has -B^-1 C A^-1 there).
+    log2(N) levels of two dots and no per-row reductions. Forward substitution's accuracy (fp32,
+    16 correlated keys: 1.2e-7 relative against float64, where the Neumann product
+    (I - L)(I + L^2)(I + L^4)... loses 7e-5 to cancellation)."""
+    r = tl.arange(0, N)
+    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for lvl in tl.static_range(LOG2N):
+        s = 1 << lvl
+        same = (r[:, None] // (2 * s)) == (r[None, :] // (2 * s))
+        quarter = ((r[:, None] // s) % 2 == 1) & ((r[None, :] // s) % 2 == 0)
+        C = tl.where(same & quarter, L, 0.0)
+        X = X - tl.dot(tl.dot(X, C, input_precision=PREC), X, input_precision=PREC)
+    return X
+
+
+@triton.jit
+def _gdn_dense_prepare_kernel(
+    Q, K, Gin, Beta, Anc,  # inputs
+    SK, SG, Inv, P,  # outputs: the stash's k and G, (I + L)^-1 and P = M (I + L)^-1 [HV, BN, BN]
+    T, R, HV, scale,
+    sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
+    DK: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr, BN: tl.constexpr, LOG2BN: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Program j (value head): everything of the solve that depends only on k, g and beta, for the
+    whole tree as one block of at most BN nodes after the peeled root. L and M from K K^T and
+    Q K^T summed over dk in BKC-wide chunks (no [BN, dk] tile is ever held), (I + L)^-1 by
+    recursive doubling, P = M (I + L)^-1; so the apply launch is dots with no chain at all."""
+    j = tl.program_id(0)
+    hk = j // R
+    ar = tl.arange(0, BN)
+    r0 = _root_offset(Anc, T, sa_n, BN)
+    g0 = tl.load(Gin + j * sg_h).to(tl.float32)
+    rows = r0 + ar
+    rm = rows < T
+    a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
+    gr = tl.load(Gin + rows * sg_t + j * sg_h, mask=rm, other=0.0).to(tl.float32)
+    G = tl.sum(tl.where(a, gr[None, :], 0.0), axis=1) + g0 * r0  # path sums, the root's gate added when peeled
+    tl.store(SG + rows * HV + j, G, mask=rm)
+    tl.store(SG + j + ar * 0, g0 + ar * 0.0, mask=(ar == 0) & ((ar * 0 + r0) == 1))
+    # L first and inverted, M after: K K^T and Q K^T are never live together (a [64, 64] fp32
+    # tile is 16 registers a thread at 8 warps; tf32x3 dots hold hi / lo copies of both operands)
+    kk = tl.zeros([BN, BN], dtype=tl.float32)
+    for c in tl.static_range(BK // BKC):
+        offk = c * BKC + tl.arange(0, BKC)
+        km = offk < DK
+        kc = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32)
+        kk += tl.dot(kc, tl.trans(kc), input_precision=PREC)
+        tl.store(SK + rows[:, None] * (HV * DK) + j * DK + offk[None, :], kc, mask=rm[:, None] & km[None, :])
+        k0 = tl.load(K + hk * sk_h + offk, mask=km, other=0.0).to(tl.float32)
+        tl.store(SK + j * DK + offk, k0, mask=km & ((offk * 0 + r0) == 1))
+    bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
+    strict = a & (ar[:, None] != ar[None, :])
+    lm = tl.where(strict, bb[:, None] * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf"))) * kk, 0.0)
+    inv = _unit_lower_inverse_doubling(lm, BN, LOG2BN, PREC)
+    qk = tl.zeros([BN, BN], dtype=tl.float32)
+    for c in tl.static_range(BK // BKC):
+        offk = c * BKC + tl.arange(0, BKC)
+        km = offk < DK
+        kc = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32)
+        qc = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32) * scale
+        qk += tl.dot(qc, tl.trans(kc), input_precision=PREC)
+    # the mask read again rather than held live across the inverse (registers, not memory, bound here)
+    a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
+    dec = tl.exp(tl.where(a, G[:, None] - G[None, :], float("-inf")))  # select before exp
+    pm = tl.dot(dec * qk, inv, input_precision=PREC)  # M: anc-or-self, decay 1 on the diagonal
+    tile = j * BN * BN + ar[:, None] * BN + ar[None, :]
+    tl.store(Inv + tile, inv)
+    tl.store(P + tile, pm)
+
+
+@triton.jit
+def _gdn_dense_apply_kernel(
+    Q, K, V, Beta, S0, Anc, SG, Inv, P,  # inputs (SG, Inv, P from the prepare launch)
+    O, SU,  # outputs: o and the stash's u
+    T, R, HV, scale,
+    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sb_t, sb_h, sa_n,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
+    BN: tl.constexpr, PREC: tl.constexpr,
+):
+    """Program (value head, block of BV value columns): the root's decode step, then every other
+    node at once: rhs = beta (v - exp(G) K S1), u = (I + L)^-1 rhs, o = exp(G) Q S1 + P rhs, with S1
+    the state after the root (S0 when nothing is peeled). The state is read in [BKC, BV] chunks,
+    twice (the root's u needs all of dk before S1 exists). A tree that does not fit (T - peeled >
+    BN) gets NaN outputs, loudly."""
+    j = tl.program_id(0)
+    iv = tl.program_id(1)
+    hk = j // R
+    ar = tl.arange(0, BN)
+    offv = iv * BV + tl.arange(0, BV)
+    vmask = offv < DV
+    r0 = _root_offset(Anc, T, sa_n, BN)
+    fits = (T - r0) <= BN
+    peel = r0 == 1
+
+    # the root, peeled: u0 = beta0 (v0 - e0 S0^T k0), o0 = S1^T q0 = e0 S0^T q0 + (q0 . k0) u0
+    ks0 = tl.zeros([BV], dtype=tl.float32)
+    qs0 = tl.zeros([BV], dtype=tl.float32)
+    qk0 = 0.0
+    for c in tl.static_range(BK // BKC):
+        offk = c * BKC + tl.arange(0, BKC)
+        km = offk < DK
+        s0c = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=km[:, None] & vmask[None, :], other=0.0)
+        k0 = tl.load(K + hk * sk_h + offk, mask=km, other=0.0).to(tl.float32)
+        q0 = tl.load(Q + hk * sq_h + offk, mask=km, other=0.0).to(tl.float32) * scale
+        ks0 += tl.sum(k0[:, None] * s0c, axis=0)
+        qs0 += tl.sum(q0[:, None] * s0c, axis=0)
+        qk0 += tl.sum(q0 * k0, axis=0)
+    e0 = tl.exp(tl.load(SG + j))  # the root's G is its own gate
+    u0 = tl.load(Beta + j * sb_h).to(tl.float32) * (tl.load(V + j * sv_h + offv, mask=vmask, other=0.0).to(tl.float32) - e0 * ks0)
+    peeled_v = vmask & ((offv * 0 + r0) == 1)  # a vector mask (a scalar & vector mask is not one)
+    tl.store(SU + j * DV + offv, u0, mask=peeled_v)
+    tl.store(O + j * DV + offv, e0 * qs0 + qk0 * u0, mask=peeled_v)
+
+    # every remaining node at once: K S1 and Q S1 over dk chunks, S1 = e0 S0 + k0 u0^T when peeled
+    rows = r0 + ar
+    rm = rows < T
+    ks = tl.zeros([BN, BV], dtype=tl.float32)
+    qs = tl.zeros([BN, BV], dtype=tl.float32)
+    for c in tl.static_range(BK // BKC):
+        offk = c * BKC + tl.arange(0, BKC)
+        km = offk < DK
+        s0c = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=km[:, None] & vmask[None, :], other=0.0)
+        k0 = tl.load(K + hk * sk_h + offk, mask=km, other=0.0).to(tl.float32)
+        s1c = tl.where(peel, e0 * s0c + k0[:, None] * u0[None, :], s0c)
+        kc = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32)
+        qc = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32) * scale
+        ks += tl.dot(kc, s1c, input_precision=PREC)
+        qs += tl.dot(qc, s1c, input_precision=PREC)
+    g_base = tl.where(peel, tl.load(SG + j), 0.0)
+    eG = tl.exp(tl.load(SG + rows * HV + j, mask=rm, other=0.0) - g_base)
+    vb = tl.load(V + rows[:, None] * sv_t + j * sv_h + offv[None, :], mask=rm[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+    bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
+    rhs = bb[:, None] * (vb - eG[:, None] * ks)
+    tile = j * BN * BN + ar[:, None] * BN + ar[None, :]
+    ub = tl.dot(tl.load(Inv + tile), rhs, input_precision=PREC)
+    ob = eG[:, None] * qs + tl.dot(tl.load(P + tile), rhs, input_precision=PREC)
+    ob = tl.where(fits, ob, float("nan"))
+    out_mask = rm[:, None] & vmask[None, :]
+    tl.store(SU + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ub, mask=out_mask)
+    tl.store(O + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ob, mask=out_mask)
+
+
 @triton.jit(do_not_specialize=["plen"])
 def _gdn_commit_kernel(
     S0, SK, SU, SG, Path, Out, Count,
@@ -352,12 +502,59 @@ def _gdn_decode_kernel(
     tl.store(SOut + tile, st, mask=tm)  # each program owns its tile: SOut may be S itself
 
 
-def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
+# Trees of up to this many nodes after the root (every node when the tree is not known to be
+# rooted) take the chain-free pair of launches, _gdn_dense_prepare_kernel + _gdn_dense_apply_kernel;
+# 0 turns it off (benchmarks compare). It pays only for one block: H100, 27B dims, cold graph
+# (kernels-nvidia-h100-2026-12-05-dense.json), dense / blocked 25.0 / 31.0 us at 17 nodes, but
+# 63 / 33 at 33 and 137 / 42 at 65: the prepare's [BN, BN] tf32x3 doubling inverse spills from
+# BN = 32 (1.1 KB a thread at 64, CPU AOT for sm_90) and runs one program per head.
+DENSE_MAX_NODES = 16
+DENSE_LARGEST = 64  # the largest tree (after the root) the dense kernels take; tested up to it
+
+
+@contextlib.contextmanager
+def dense_fork(enabled: bool):
+    """Within the block, trees take (True) or skip (False) the dense kernel: benchmarks compare."""
+    global DENSE_MAX_NODES
+    old = DENSE_MAX_NODES
+    DENSE_MAX_NODES = DENSE_LARGEST if enabled else 0
+    try:
+        yield
+    finally:
+        DENSE_MAX_NODES = old
+
+
+def dense_block(t: int, rooted: bool) -> int:
+    """The dense kernel's node block for a tree of t nodes, 0 when it does not fit (the root is
+    peeled only when the caller knows node 0 is an ancestor of every node)."""
+    n = t - 1 if rooted else t
+    if DENSE_MAX_NODES <= 0 or n > DENSE_MAX_NODES:
+        return 0
+    return max(16, next_pow2(n))
+
+
+def default_config(t: int, hv: int, dv: int, device: torch.device, rooted: bool = False) -> dict:
     """Block of nodes per solve step (BS), value columns per program (BV), warps.
 
     BS = 64 needs more than the 227 KiB of shared memory an H200 block may use (measured:
     263-271 KiB with BK = 128, BV = 64), so trees are solved in blocks of 16 by default.
+    ``DENSE`` (trees of at most DENSE_MAX_NODES nodes after a known root): the whole tree is one
+    block of BN nodes, no serial chain and one launch.
     """
+    bn = dense_block(t, rooted) if t > 1 else 0
+    return dense_config(bn, dv) if bn else blocked_config(t, dv)
+
+
+def dense_config(bn: int, dv: int) -> dict:
+    """The dense solve's settings for a node block of BN."""
+    # H100 sweep at 17 nodes: BV 16 / 32 / 64 within 8 %, 8 apply warps 1.4x slower, prepare
+    # warps 2 / 4 / 8 within 5 %, dk chunks of 64 1.15x faster than 32 (no spill at BN 16)
+    return {"DENSE": True, "BN": bn, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4,
+            "prep_warps": 4, "BKC": 64 if bn <= 16 else 32}
+
+
+def blocked_config(t: int, dv: int) -> dict:
+    """The blocked solve's settings (trees too large for the dense kernel, and its comparisons)."""
     if t > 17:
         # several diagonal blocks: the parallel prepare launch takes their inverses off the serial
         # chain (H200, 27B dims, T = 64: 72.8 us with BV = 32 against 105 us for the single-launch
@@ -369,13 +566,14 @@ def default_config(t: int, hv: int, dv: int, device: torch.device) -> dict:
         # one warp per prepare program stays best (2 / 4 warps: 1.16x / 1.30x at 65;
         # kernels-nvidia-h200-2026-12-03T17-merge.json). Above 257 nodes (nb^2 stored blocks, 28 MB
         # at 257) unmeasured, so the chain keeps them.
-        return {"BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True,
+        return {"DENSE": False, "BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True,
                 "prep_warps": 1, "ROOT_PEEL": False, "PRE_OFFDIAG": t <= 257}
     bv = min(64, max(16, next_pow2(dv)))
-    return {"BS": 16, "BV": bv, "num_warps": 4, "ROOT_PEEL": True}
+    return {"DENSE": False, "BS": 16, "BV": bv, "num_warps": 4, "ROOT_PEEL": True}
 
 
-_FALLBACK = [{"BS": 16, "BV": 32, "num_warps": 4}, {"BS": 16, "BV": 16, "num_warps": 4}]
+_FALLBACK = [{"BS": 16, "BV": 32, "num_warps": 4}, {"BS": 16, "BV": 16, "num_warps": 4},
+             {"DENSE": False, "PRE_INVERSE": True, "PRE_OFFDIAG": True, "ROOT_PEEL": False, "BS": 16, "BV": 16, "num_warps": 4}]
 
 
 def _check(q, k, v, g, beta, state, anc=None):
@@ -393,7 +591,7 @@ def _check(q, k, v, g, beta, state, anc=None):
                          f"do not fit T={t}, HV={hv}, dk={dk}, dv={dv}")
 
 
-def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | None = None):
+def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | None = None, rooted: bool = False):
     """Exact ancestor-masked gated delta rule, one launch. Returns (o fp32 [T, HV, dv], stash).
 
     ``config``: ``BS``, ``BV``, ``num_warps``; ``PRE_INVERSE=True`` adds a launch before the solve
@@ -401,13 +599,28 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
     ``prep_warps`` warps) so the solve's serial chain no longer holds the forward substitutions;
     ``ROOT_PEEL`` (default True): when node 0 is an ancestor of every node, its step is taken in
     registers and the blocks start at node 1 (checked on the device from ``anc``, so any mask
-    stays exact).
+    stays exact). ``rooted``: the caller knows node 0 is an ancestor of every node (a draft tree,
+    a chain), so a tree of DENSE_MAX_NODES + 1 nodes still fits the dense kernel; a tree that is
+    not gets NaN outputs there (not silently wrong ones).
     """
     _check(q, k, v, g, beta, state, anc)
     t, hv, dv = v.shape
     h, dk = q.shape[1], q.shape[2]
     scale = dk**-0.5 if scale is None else float(scale)
-    cfg = dict(default_config(t, hv, dv, v.device), **(config or {}))
+    cfg = dict(default_config(t, hv, dv, v.device, rooted), **(config or {}))
+    if config and "DENSE" not in config and set(config) & {"BS", "PRE_INVERSE", "PRE_OFFDIAG", "ROOT_PEEL"}:
+        # a blocked-solve setting asks for the blocked solve (tests and sweeps compare the variants)
+        cfg = dict(blocked_config(t, dv), **config)
+    if config and config.get("DENSE") and not cfg.get("BN"):
+        # asked for where the default is blocked: the dense defaults for the smallest block that holds it
+        cfg = dict(dense_config(max(16, next_pow2(t - 1 if rooted else t)), dv), **config)
+    if cfg.get("DENSE"):
+        if cfg["BN"] > DENSE_LARGEST:
+            raise ValueError(f"tree_gdn_fork: DENSE block BN={cfg['BN']} is larger than the {DENSE_LARGEST} "
+                             f"nodes the dense kernels take ({t} nodes{', rooted' if rooted else ''})")
+        if cfg["BN"] < (t - 1 if rooted else t):
+            raise ValueError(f"tree_gdn_fork: DENSE block BN={cfg['BN']} is smaller than the {t} nodes "
+                             f"({'rooted, ' if rooted else ''}{t - 1 if rooted else t} after the root peel)")
     q, k, v = as_last_contiguous(q), as_last_contiguous(k), as_last_contiguous(v)
     state = state.float().contiguous()
     a8 = mask_as_uint8(anc)
@@ -421,10 +634,29 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
 
     def launch(c):
         bv = min(c["BV"], max(16, next_pow2(dv)))
-        bs = c["BS"]
+        prec = dot_precision(torch.float32)
+        if c.get("DENSE"):
+            bn = c["BN"]
+            bkc = min(bk, c.get("BKC", 32))
+            inv = torch.empty(hv, bn, bn, dtype=torch.float32, device=dev)
+            pm = torch.empty(hv, bn, bn, dtype=torch.float32, device=dev)
+            _gdn_dense_prepare_kernel[(hv,)](
+                q, k, g, beta, a8, sk, sg, inv, pm, t, hv // h, hv, scale,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
+                beta.stride(0), beta.stride(1), a8.stride(0),
+                DK=dk, BK=bk, BKC=bkc, BN=bn, LOG2BN=bn.bit_length() - 1, PREC=prec,
+                num_warps=c.get("prep_warps", 4),
+            )
+            _gdn_dense_apply_kernel[(hv, triton.cdiv(dv, bv))](
+                q, k, v, beta, state, a8, sg, inv, pm, o, su, t, hv // h, hv, scale,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                beta.stride(0), beta.stride(1), a8.stride(0),
+                DK=dk, DV=dv, BK=bk, BKC=bkc, BV=bv, BN=bn, PREC=prec, num_warps=c["num_warps"],
+            )
+            return
+        bs = c.get("BS", 16)
         pre = bool(c.get("PRE_INVERSE", False))
         peel = bool(c.get("ROOT_PEEL", True))
-        prec = dot_precision(torch.float32)
         inv = off_l = off_m = sg  # unused unless pre / off
         nb = triton.cdiv(t, bs)
         off = pre and bool(c.get("PRE_OFFDIAG", False))
