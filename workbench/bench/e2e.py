@@ -19,6 +19,7 @@ Everything runs side by side in one process and is written atomically to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gc
 import hashlib
@@ -430,11 +431,26 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         from ..fastpath import use_commit_in_forward
 
         out["commit_in_forward_off"] = variant("commit in forward off", use_commit_in_forward(False))
-    if args.gdn_blocked:  # the verify's GDN layers through the blocked solve (prepare + chained fork) again
+    if args.gdn_blocked:  # the verify's GDN layers with the dense solve switched, interleaved with the default
         from tree_kernels.tree_gdn import triton as tg
 
-        out["gdn_dense_" + ("off" if tg.DENSE_MAX_NODES else "on")] = variant(
-            "gdn dense fork " + ("off" if tg.DENSE_MAX_NODES else "on"), tg.dense_fork(not tg.DENSE_MAX_NODES))
+        flipped = "off" if tg.DENSE_MAX_NODES else "on"
+        got = {"dense_max_nodes_default": tg.DENSE_MAX_NODES}
+        try:
+            for budget in (16, 64):
+                for label, context in (("default", contextlib.nullcontext()), (flipped, tg.dense_fork(not tg.DENSE_MAX_NODES))):
+                    with context:
+                        eng = engine_for("ddtree", budget)
+                        got[f"verify_{budget + 1}_fork_{label}_ms"] = time_step(eng, "round", eng._round_step)
+                        del eng
+                ratio = got[f"verify_{budget + 1}_fork_{flipped}_ms"] / got[f"verify_{budget + 1}_fork_default_ms"]
+                got[f"verify_{budget + 1}_{flipped}_over_default"] = ratio
+                log(f"27B dims, gdn dense {flipped}: verify {budget + 1} {got[f'verify_{budget + 1}_fork_{flipped}_ms']:.2f} ms "
+                    f"vs default {got[f'verify_{budget + 1}_fork_default_ms']:.2f} ms ({ratio:.3f}x)")
+        except Exception as exc:
+            got["error"] = repr(exc)[:2000]
+            log(f"27B dims, gdn dense {flipped} failed: {exc!r}"[:500])
+        out["gdn_dense_" + flipped] = got
     if args.gemv:  # the one-row GEMMs through cuBLAS again instead of the Triton GEMV
         import tree_kernels as tk
 
@@ -475,7 +491,7 @@ def main(argv=None) -> dict:
     p.add_argument("--skip-pairs", action="store_true")
     p.add_argument("--skip-27b", action="store_true")
     p.add_argument("--gdn-blocked", action="store_true",
-                   help="27B dims: the AR step and the 65-token verify again with the GDN fork's dense kernel switched")
+                   help="27B dims: the 17- and 65-token verify with the GDN fork's dense kernel switched, interleaved with the default")
     p.add_argument("--commit-in-forward", action="store_true",
                    help="also time the 27B AR step with the recurrent commit after the forward (the route before it moved in place)")
     p.add_argument("--compile", action="store_true", help="also time the 27B steps with torch.compile'd layers")
