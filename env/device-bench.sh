@@ -29,5 +29,5 @@ fi
 if [[ "$part" == 27b || "$part" == all ]]; then
   # Qwen3.6-27B dims: AR step (+ kernel profile), verify 17-257 tokens fork/unsafe, draft; the other
   # fused-norm setting beside it (add --compile for torch.compile'd layers: not yet run on the device)
-  python3 -m workbench.bench.e2e --skip-pairs --profile --both-norms --commit-in-forward --out "$out/e2e-27b.json" 2>&1 | tee "$out/e2e-27b.log"
+  python3 -m workbench.bench.e2e --skip-pairs --profile --both-norms --commit-in-forward --gdn-blocked --out "$out/e2e-27b.json" 2>&1 | tee "$out/e2e-27b.log"
 fi
