@@ -130,7 +130,7 @@ def test_bench_gemv_rows_and_summaries_on_cpu(monkeypatch):
     monkeypatch.setattr(gemv, "triton_configs", lambda n: [dict(BLOCK_N=4, BLOCK_K=32, num_warps=1, num_stages=1, SPLIT_K=1),
                                                            dict(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1, SPLIT_K=2)])
     monkeypatch.setattr(gemv, "few_rows_configs", lambda: [dict(BLOCK_N=16, BLOCK_K=32, num_warps=1, num_stages=1)])
-    args = argparse.Namespace(device="cpu", l2_bytes=1, calls=2, repeats=1)
+    args = argparse.Namespace(device="cpu", l2_bytes=1, calls=2, repeats=1, few_skip_triton=False)
     one = gemv.bench_shape("toy", 24, 64, args, bandwidth=100.0)
     triton_rows = [r for r in one["rows"] if r["variant"] == "triton"]
     assert len(triton_rows) == 2 and all(r["max_rel_err"] < 2e-2 for r in triton_rows)
@@ -138,6 +138,15 @@ def test_bench_gemv_rows_and_summaries_on_cpu(monkeypatch):
     assert {r["variant"] for r in one["rows"]} >= {"linear", "mv", "w_at_xt", "triton"}
     few = gemv.bench_few_rows("toy", 24, 64, [3, 17], args, bandwidth=100.0)
     assert [s["M"] for s in few] == [3, 17] and all(s["best_triton"]["max_rel_err"] < 2e-2 for s in few)
+    # the cuBLAS call layouts (W x^T, cuBLASLt, M padded to 16) compute the same rows
+    for s in few:
+        layouts = {r["variant"]: r for r in s["rows"] if r["variant"] != "triton"}
+        assert set(layouts) == {"linear", "w_at_xt", "linear_cublaslt", "linear_m_padded"}
+        assert s["best_cublas"] in layouts.values()
+        lt = layouts.pop("linear_cublaslt")  # a CPU build has no cuBLASLt: its row says so
+        assert lt.get("max_rel_err", 0.0) < 1e-2 and ("error" not in lt or "cuBLASLt" in lt["error"])
+        assert all(r["max_rel_err"] < 1e-2 for r in layouts.values()), layouts
+        assert layouts["linear_m_padded"]["config"] == {"M": 16 if s["M"] == 3 else 32}
     one["layers"], few[0]["layers"] = 3, 2
     assert gemv._step_gemm_ms([one]) == {"linear": 0.03, "best_of_linear_and_triton": 0.03}
-    assert gemv._step_gemm_ms([few[0]])["linear"] == 0.02
+    assert gemv._step_gemm_ms([few[0]])["linear"] == 0.02 and gemv._step_gemm_ms([few[0]])["best_cublas_layout"] == 0.02

@@ -146,9 +146,18 @@ def bench_few_rows(name, n, k, rows_list, args, bandwidth) -> list[dict]:
     out = []
     for m in rows_list:
         x = torch.randn(m, k, device=args.device, dtype=torch.bfloat16)
-        variants = [("linear", None, lambda i: F.linear(x, weights[i]), False)]
-        variants += [("triton", c, lambda i, c=c: tg.gemm_few_rows(x, weights[i], None, c), False) for c in few_rows_configs()]
-        out.append(_summary(_time_variants(variants, x, weights, args, bandwidth), name=name, M=m, N=n, K=k))
+        pad = -m % 16  # M rounded up to 16: cuBLAS's tiles for an odd M (65 = a budget of 64 + the root)
+        xp = torch.cat([x, x.new_zeros(pad, k)]) if pad else x
+        variants = [("linear", None, lambda i: F.linear(x, weights[i]), False),
+                    ("w_at_xt", None, lambda i: torch.matmul(weights[i], x.t()).t(), False),
+                    ("linear_cublaslt", None, lambda i: F.linear(x, weights[i]), True),
+                    ("linear_m_padded", {"M": m + pad}, lambda i: F.linear(xp, weights[i])[:m], False)]
+        if not args.few_skip_triton:
+            variants += [("triton", c, lambda i, c=c: tg.gemm_few_rows(x, weights[i], None, c), False) for c in few_rows_configs()]
+        summary = _summary(_time_variants(variants, x, weights, args, bandwidth), name=name, M=m, N=n, K=k)
+        cublas = [r for r in summary["rows"] if "ms" in r and r["variant"] != "triton"]
+        summary["best_cublas"] = min(cublas, key=lambda r: r["ms"], default=None)
+        out.append(summary)
         _log_summary(out[-1], f"M={m:4d}")
     del weights
     _empty_cache(args)
@@ -185,8 +194,11 @@ def _step_gemm_ms(rows: list[dict]) -> dict:
     cuBLAS and the best Triton config per shape."""
     mine = [s for s in rows if s["linear_ms"]]
     best = [min(s["linear_ms"], s["best_triton"]["ms"] if s["best_triton"] else float("inf")) for s in mine]
-    return {"linear": sum(s["linear_ms"] * s["layers"] for s in mine),
-            "best_of_linear_and_triton": sum(b * s["layers"] for b, s in zip(best, mine))}
+    out = {"linear": sum(s["linear_ms"] * s["layers"] for s in mine),
+           "best_of_linear_and_triton": sum(b * s["layers"] for b, s in zip(best, mine))}
+    if all(s.get("best_cublas") for s in mine):  # the few-rows section: any cuBLAS call layout per shape
+        out["best_cublas_layout"] = sum(s["best_cublas"]["ms"] * s["layers"] for s in mine)
+    return out
 
 
 def main(argv=None) -> dict:
@@ -197,6 +209,7 @@ def main(argv=None) -> dict:
     p.add_argument("--only", default="", help="comma-separated shape names")
     p.add_argument("--rows", default="17,65,129", help="few-rows section: the verify's M values ('' skips it)")
     p.add_argument("--skip-gemv", action="store_true", help="only the few-rows section")
+    p.add_argument("--few-skip-triton", action="store_true", help="few-rows section: cuBLAS call layouts only")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -236,7 +249,8 @@ def main(argv=None) -> dict:
         result["verify_gemm_ms"] = {}
         for m in rows_list:
             result["verify_gemm_ms"][str(m)] = g = _step_gemm_ms([s for s in result["few_rows"] if s["M"] == m])
-            log(f"verify GEMMs, {m} rows: linear {g['linear']:.2f} ms, best of linear/triton per shape {g['best_of_linear_and_triton']:.2f} ms")
+            log(f"verify GEMMs, {m} rows: linear {g['linear']:.2f} ms, best of linear/triton per shape {g['best_of_linear_and_triton']:.2f} ms"
+                + (f", best cuBLAS layout per shape {g['best_cublas_layout']:.2f} ms" if "best_cublas_layout" in g else ""))
     write_json_atomic(out, result)
     return result
 
