@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements, as run on the device machine (torch, triton, transformers preinstalled; no
-# network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all  [OUT dir]
+# network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all|few-rows  [OUT dir]
 # kernels ~3-5 min, pairs ~4 min, 27b ~2.5 min on an H200 (2026-12-03); results are JSON under OUT
 # (default $OUT or out/device). Copy them to data/results/ as e2e-<device>-<date>[-27b|-fp32].json
 # (the figure, projection and --budget auto readers take the newest bf16 file that has their
@@ -30,4 +30,10 @@ if [[ "$part" == 27b || "$part" == all ]]; then
   # Qwen3.6-27B dims: AR step (+ kernel profile), verify 17-257 tokens fork/unsafe, draft; the other
   # fused-norm setting beside it (add --compile for torch.compile'd layers: not yet run on the device)
   python3 -m workbench.bench.e2e --skip-pairs --profile --both-norms --commit-in-forward --gdn-blocked --out "$out/e2e-27b.json" 2>&1 | tee "$out/e2e-27b.log"
+fi
+if [[ "$part" == few-rows ]]; then
+  # the verify's GEMMs: cuBLAS's call layouts against the Triton few-rows GEMM's "swap" layouts at
+  # 17-129 rows (~4 min), then the 27B verify with the shapes where it won, interleaved with cuBLAS
+  timeout 330 python3 -m workbench.bench.gemv --skip-gemv --rows 17,33,65,129 --out "$out/gemv-few.json" 2>&1 | tee "$out/gemv-few.log" || true
+  python3 -m workbench.bench.e2e --skip-pairs --few-rows-tuned "$out/gemv-few.json" --out "$out/e2e-27b.json" 2>&1 | tee "$out/e2e-27b.log"
 fi

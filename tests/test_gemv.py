@@ -54,6 +54,16 @@ def test_gemv_rejects_shapes_that_do_not_fit():
     (65, 100, 256, {"BLOCK_N": 32, "BLOCK_K": 64}),
     (129, 64, 128, {"MAX_BLOCK_M": 64}),  # three row blocks
     (2, 5, 77, {"BLOCK_N": 16, "BLOCK_K": 32}),
+    # the "swap" layouts: weight rows on the MMA's M side, x's rows a main block + a tail block
+    (17, 37, 304, {"LAYOUT": "swap"}),  # main 16 + tail 16 for one row
+    (65, 100, 256, {"LAYOUT": "swap", "BLOCK_N": 32, "BLOCK_K": 64}),  # 64 + 16, ragged N
+    (16, 64, 128, {"LAYOUT": "swap"}),  # no tail
+    (50, 70, 200, {"LAYOUT": "swap", "SPLIT_K": 3, "BLOCK_K": 32}),  # 32 + 32 (18 rows), split K, ragged last slice
+    (330, 20, 64, {"LAYOUT": "swap", "BLOCK_N": 16, "BLOCK_K": 32}),  # two launches: 320 rows + 10
+    (65, 100, 256, {"LAYOUT": "swap_tma", "BLOCK_N": 32, "BLOCK_K": 64}),  # TMA tiles, zero past M / N
+    (33, 70, 208, {"LAYOUT": "swap_tma", "SPLIT_K": 3, "BLOCK_K": 32}),  # TMA + split K, K past the last tile
+    (65, 64, 128, {"LAYOUT": "swap_tma", "BLOCK_K": 32, "WARP_SPECIALIZE": True}),
+    (9, 5, 77, {"LAYOUT": "swap_tma", "BLOCK_N": 16, "BLOCK_K": 32}),  # rows not 16-byte aligned: pointer loads
 ])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_triton_few_rows_gemm_matches_the_reference(m, n, k, config, with_bias):
@@ -65,6 +75,51 @@ def test_triton_few_rows_gemm_matches_the_reference(m, n, k, config, with_bias):
     torch.testing.assert_close(triton_gemv.gemm_few_rows(xs, w, b, config), naive.gemm_few_rows(xs, w, b), rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match=r"weight \(3, 7\)"):
         triton_gemv.gemm_few_rows(x, torch.randn(3, 7))
+
+
+def test_swap_row_blocks_cover_the_rows_with_the_least_padding():
+    assert [triton_gemv.swap_row_blocks(m) for m in (1, 16, 17, 33, 63, 65, 129, 257, 320)] == [
+        (16, 0), (16, 0), (16, 16), (32, 16), (32, 32), (64, 16), (128, 16), (256, 16), (256, 64)]
+    for m in range(1, 600):
+        main, tail = triton_gemv.swap_row_blocks(m)
+        assert main + tail >= m and main & (main - 1) == 0 and tail & (tail - 1) == 0 and (tail == 0 or tail >= 16)
+    with pytest.raises(ValueError, match="LAYOUT must be"):
+        triton_gemv.gemm_few_rows(torch.randn(3, 8), torch.randn(4, 8), None, {"LAYOUT": "cols"})
+
+
+def test_few_rows_tuned_configs_come_from_a_bench_result_and_route_only_their_shapes(monkeypatch):
+    # a bench.gemv result's few-rows rows: a shape and M where Triton beat every cuBLAS layout is
+    # taken, one where it lost is not; the lookup takes the smallest swept M >= the rows asked
+    monkeypatch.setattr(triton_gemv, "FEW_ROWS_TUNED", {})
+    result = {"device": "Dev", "few_rows": [
+        {"N": 8, "K": 16, "M": 17, "best_triton": {"ms": 1.0, "config": {"LAYOUT": "swap", "BLOCK_N": 16}}, "best_cublas": {"ms": 2.0}},
+        {"N": 8, "K": 16, "M": 65, "best_triton": {"ms": 3.0, "config": {"LAYOUT": "swap", "BLOCK_N": 32}}, "best_cublas": {"ms": 2.0}},
+        {"N": 4, "K": 16, "M": 65, "best_triton": None, "best_cublas": {"ms": 2.0}},
+    ]}
+    assert triton_gemv.load_few_rows_tuned(result) == {("Dev", 8, 16, 17): {"LAYOUT": "swap", "BLOCK_N": 16}}
+
+    class FakeWeight:
+        is_cuda, shape, device = True, (8, 16), "cuda:0"
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Dev")
+    assert triton_gemv.few_rows_config_for(FakeWeight(), 9)["BLOCK_N"] == 16
+    assert triton_gemv.few_rows_config_for(FakeWeight(), 9)["num_warps"] == triton_gemv.FEW_ROWS_CONFIG["num_warps"]
+    assert triton_gemv.few_rows_config_for(FakeWeight(), 18) is None  # no swept M >= 18: cuBLAS
+    FakeWeight.shape = (4, 16)
+    assert triton_gemv.few_rows_config_for(FakeWeight(), 9) is None  # not tuned: cuBLAS
+    # on the CPU (interpreted) a tuned table routes nothing: tuned shapes are per device
+    monkeypatch.setattr(triton_gemv, "FEW_ROWS_MAX", 64)
+    calls = []
+    real_few = triton_gemv.gemm_few_rows
+    monkeypatch.setattr(triton_gemv, "gemm_few_rows", lambda *a, **kw: calls.append(a[0].shape) or real_few(*a, **kw))
+    with tk.use_backend("triton"):
+        three, w = torch.randn(3, 16).bfloat16(), torch.randn(8, 16).bfloat16()
+        torch.testing.assert_close(tk.linear(three, w), F.linear(three, w), rtol=2e-2, atol=2e-2)
+    assert calls == []
+    monkeypatch.setattr(triton_gemv, "FEW_ROWS_TUNED", {})  # no table: every shape takes FEW_ROWS_CONFIG
+    with tk.use_backend("triton"):
+        tk.linear(three, w)
+    assert calls == [(3, 16)]
 
 
 def test_linear_dispatch_by_rows_dtype_and_gradients(monkeypatch):
@@ -129,8 +184,10 @@ def test_bench_gemv_rows_and_summaries_on_cpu(monkeypatch):
     monkeypatch.setattr(gemv, "time_per_call_ms", lambda fn, copies, calls, repeats: (fn(0), 0.01)[1])
     monkeypatch.setattr(gemv, "triton_configs", lambda n: [dict(BLOCK_N=4, BLOCK_K=32, num_warps=1, num_stages=1, SPLIT_K=1),
                                                            dict(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1, SPLIT_K=2)])
-    monkeypatch.setattr(gemv, "few_rows_configs", lambda: [dict(BLOCK_N=16, BLOCK_K=32, num_warps=1, num_stages=1)])
-    args = argparse.Namespace(device="cpu", l2_bytes=1, calls=2, repeats=1, few_skip_triton=False)
+    asked = []
+    monkeypatch.setattr(gemv, "few_rows_configs", lambda n, layouts: asked.append(layouts) or [
+        dict(BLOCK_N=16, BLOCK_K=32, num_warps=1, num_stages=1), dict(LAYOUT="swap", BLOCK_N=16, BLOCK_K=32, num_warps=1, num_stages=1)])
+    args = argparse.Namespace(device="cpu", l2_bytes=1, calls=2, repeats=1, few_skip_triton=False, few_layouts="rows,swap")
     one = gemv.bench_shape("toy", 24, 64, args, bandwidth=100.0)
     triton_rows = [r for r in one["rows"] if r["variant"] == "triton"]
     assert len(triton_rows) == 2 and all(r["max_rel_err"] < 2e-2 for r in triton_rows)
@@ -138,6 +195,12 @@ def test_bench_gemv_rows_and_summaries_on_cpu(monkeypatch):
     assert {r["variant"] for r in one["rows"]} >= {"linear", "mv", "w_at_xt", "triton"}
     few = gemv.bench_few_rows("toy", 24, 64, [3, 17], args, bandwidth=100.0)
     assert [s["M"] for s in few] == [3, 17] and all(s["best_triton"]["max_rel_err"] < 2e-2 for s in few)
+    assert asked == [("rows", "swap")] * 2 and all(len([r for r in s["rows"] if r["variant"] == "triton"]) == 2 for s in few)
+    # a wrong config is never the best, however fast
+    rows = [{"variant": "linear", "ms": 2.0, "max_rel_err": 0.0}, {"variant": "triton", "ms": 0.5, "max_rel_err": 0.3},
+            {"variant": "triton", "ms": 1.0, "max_rel_err": 1e-3}, {"variant": "triton", "ms": 0.1, "max_rel_err": float("nan")}]
+    picked = gemv._summary(rows, name="x")
+    assert picked["best_triton"]["ms"] == 1.0 and rows[1]["wrong"] and rows[3]["wrong"] and "wrong" not in rows[2]
     # the cuBLAS call layouts (W x^T, cuBLASLt, M padded to 16) compute the same rows
     for s in few:
         layouts = {r["variant"]: r for r in s["rows"] if r["variant"] != "triton"}

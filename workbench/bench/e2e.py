@@ -451,6 +451,33 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
             got["error"] = repr(exc)[:2000]
             log(f"27B dims, gdn dense {flipped} failed: {exc!r}"[:500])
         out["gdn_dense_" + flipped] = got
+    if args.few_rows_tuned:  # the verify's GEMMs through the Triton few-rows GEMM where a sweep tuned it, interleaved with cuBLAS
+        from tree_kernels.gemv import triton as tgm
+
+        got = {"tuned_from": str(args.few_rows_tuned)}
+        try:
+            tuned = tgm.load_few_rows_tuned(json.loads(Path(args.few_rows_tuned).read_text()), device=device_name())
+            got["tuned"] = {f"N{n} K{k} M{m}": cfg for (_, n, k, m), cfg in tuned.items()}
+            if not tuned:
+                raise RuntimeError(f"{args.few_rows_tuned}: no shape where the few-rows GEMM beat cuBLAS on {device_name()}")
+            max_rows = max(m for (_, _, _, m) in tuned)
+            for budget in (b for b in args.budgets_27b if b + 1 <= max_rows):
+                for label, context in (("cublas", contextlib.nullcontext()), ("few_rows", tgm.use_few_rows(max_rows))):
+                    with context:
+                        eng = engine_for("ddtree", budget)
+                        got[f"verify_{budget + 1}_fork_{label}_ms"] = time_step(eng, "round", eng._round_step)
+                        del eng
+                        torch.cuda.empty_cache()
+                ms, base = got[f"verify_{budget + 1}_fork_few_rows_ms"], got[f"verify_{budget + 1}_fork_cublas_ms"]
+                got[f"verify_{budget + 1}_few_rows_over_cublas"] = ms / base
+                log(f"27B dims, few-rows GEMM: verify {budget + 1} {ms:.2f} ms vs cuBLAS {base:.2f} ms ({ms / base:.3f}x, "
+                    f"{ms / out['ar_step_ms']:.2f}x AR)")
+        except Exception as exc:
+            got["error"] = repr(exc)[:2000]
+            log(f"27B dims, few-rows GEMM failed: {exc!r}"[:500])
+        finally:
+            tgm.FEW_ROWS_TUNED.clear()
+        out["few_rows_gemm"] = got
     if args.gemv:  # the one-row GEMMs through cuBLAS again instead of the Triton GEMV
         import tree_kernels as tk
 
@@ -502,6 +529,9 @@ def main(argv=None) -> dict:
                    help="27B dims: also the AR step and 65-token verify with the GDN decode-step switch the other way")
     p.add_argument("--gemv", action="store_true",
                    help="27B dims: also the AR step and 65-token verify with the Triton GEMV switch the other way (cuBLAS)")
+    p.add_argument("--few-rows-tuned", default=None,
+                   help="27B dims: a bench.gemv result; the verify at each budget again with its GEMMs through the few-rows "
+                        "GEMM where that sweep beat cuBLAS, interleaved with cuBLAS")
     p.add_argument("--serial-host", action="store_true",
                    help="pairs at T=0: also run with the host recording each round before queueing the next "
                         "(rows of variant <norms>/serial_host)")

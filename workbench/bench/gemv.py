@@ -57,10 +57,27 @@ def triton_configs(n: int) -> list[dict]:
     return base
 
 
-def few_rows_configs() -> list[dict]:
-    out = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=4)
-           for bn, bk, w in itertools.product((32, 64, 128), (128, 256), (4, 8))]
-    return out + [dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=st) for st in (3, 6)]
+def few_rows_configs(n: int = 0, layouts: tuple[str, ...] = ("swap", "swap_tma")) -> list[dict]:
+    """The few-rows GEMM's sweep. "rows" (x's rows on the MMA's M side: the 2026-12-03 kernel, 1.2-2.3x
+    behind cuBLAS at 65 / 129 rows) only when asked; the "swap" layouts (the weight's rows on the
+    MMA's M side, BLOCK_N >= 64 for a Hopper warpgroup) with pointer loads and with TMA tiles."""
+    out = []
+    if "rows" in layouts:
+        out += [dict(LAYOUT="rows", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=4)
+                for bn, bk, w in itertools.product((32, 64, 128), (128, 256), (4, 8))]
+    if "swap" in layouts:  # pointer loads: 255 registers a thread already at BLOCK_N 64 (sm_90 AOT), so few configs
+        out += [dict(LAYOUT="swap", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st, SPLIT_K=1)
+                for bn, bk, w, st in ((64, 128, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3))]
+    if "swap_tma" in layouts:  # TMA tiles: 66 registers, the stages in shared memory (36-52 KB a stage)
+        out += [dict(LAYOUT="swap_tma", BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st, SPLIT_K=1)
+                for bn, bk, w, st in ((64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 4, 5), (64, 64, 4, 6), (64, 64, 4, 8),
+                                      (128, 64, 4, 4), (128, 64, 4, 6), (128, 128, 4, 3), (128, 128, 8, 4), (64, 256, 4, 3))]
+        out += [dict(LAYOUT="swap_tma", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=1, WARP_SPECIALIZE=True)]
+    if n <= 8192:  # 5120 outputs are 80 programs of 64: split K so that every SM streams
+        out += [dict(LAYOUT=lay, BLOCK_N=64, BLOCK_K=bk, num_warps=4, num_stages=st, SPLIT_K=sp)
+                for lay in ("swap", "swap_tma") if lay in layouts
+                for bk, st, sp in ((128, 4, 2), (128, 4, 3), (64, 6, 2))]
+    return out
 
 
 def time_per_call_ms(fn_of_copy, copies: int, calls: int, repeats: int) -> float:
@@ -120,9 +137,17 @@ def _time_variants(variants, x, weights, args, bandwidth) -> list[dict]:
     return rows
 
 
+# a config whose output is further than this from the fp32 reference (relative to its largest
+# entry; bf16 rounding gives ~3e-3) is wrong, and never picked however fast
+MAX_REL_ERR = 2e-2
+
+
 def _summary(rows: list[dict], **fields) -> dict:
-    """The rows with the best Triton config and cuBLAS (``linear``) picked out and compared."""
-    ok = [r for r in rows if "ms" in r]
+    """The rows with the best (correct) Triton config and cuBLAS (``linear``) picked out and compared."""
+    for r in rows:
+        if "ms" in r and not r["max_rel_err"] <= MAX_REL_ERR:
+            r["wrong"] = True
+    ok = [r for r in rows if "ms" in r and not r.get("wrong")]
     best = min((r for r in ok if r["variant"] == "triton"), key=lambda r: r["ms"], default=None)
     linear = next((r for r in ok if r["variant"] == "linear"), None)
     return {**fields, "rows": rows, "best_triton": best, "linear_ms": linear and linear["ms"],
@@ -153,7 +178,8 @@ def bench_few_rows(name, n, k, rows_list, args, bandwidth) -> list[dict]:
                     ("linear_cublaslt", None, lambda i: F.linear(x, weights[i]), True),
                     ("linear_m_padded", {"M": m + pad}, lambda i: F.linear(xp, weights[i])[:m], False)]
         if not args.few_skip_triton:
-            variants += [("triton", c, lambda i, c=c: tg.gemm_few_rows(x, weights[i], None, c), False) for c in few_rows_configs()]
+            variants += [("triton", c, lambda i, c=c: tg.gemm_few_rows(x, weights[i], None, c), False)
+                         for c in few_rows_configs(n, tuple(args.few_layouts.split(",")))]
         summary = _summary(_time_variants(variants, x, weights, args, bandwidth), name=name, M=m, N=n, K=k)
         cublas = [r for r in summary["rows"] if "ms" in r and r["variant"] != "triton"]
         summary["best_cublas"] = min(cublas, key=lambda r: r["ms"], default=None)
@@ -210,6 +236,7 @@ def main(argv=None) -> dict:
     p.add_argument("--rows", default="17,65,129", help="few-rows section: the verify's M values ('' skips it)")
     p.add_argument("--skip-gemv", action="store_true", help="only the few-rows section")
     p.add_argument("--few-skip-triton", action="store_true", help="few-rows section: cuBLAS call layouts only")
+    p.add_argument("--few-layouts", default="swap,swap_tma", help="few-rows section: the Triton layouts swept (rows, swap, swap_tma)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -9,6 +9,7 @@ second launch sums them (for small N: the rows alone would not give every SM wor
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -17,7 +18,9 @@ import triton.language as tl
 
 from .naive import check_linear_inputs
 
-__all__ = ["gemv", "config_for", "gemm_few_rows", "DEFAULT_CONFIG", "TUNED", "FEW_ROWS_CONFIG"]
+__all__ = ["gemv", "config_for", "gemm_few_rows", "swap_row_blocks", "DEFAULT_CONFIG", "TUNED",
+           "FEW_ROWS_CONFIG", "FEW_ROWS_TUNED",
+           "few_rows_config_for", "load_few_rows_tuned", "use_few_rows"]
 
 # Within 5 % of the best of the sweep on every Qwen3.6-27B shape on the H200, ahead of cuBLAS on 6 of 7
 # (data/results/gemv-nvidia-h200-2026-12-03.json); split-K never won there (the rows alone fill the SMs).
@@ -75,14 +78,15 @@ def _gemv_kernel(X, W, B, Y, N, K, k_per_split, stride_w, HAS_BIAS: tl.constexpr
 
 
 @triton.jit
-def _split_sum_kernel(P, B, Y, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _split_sum_kernel(P, B, Y, N, N_BIAS, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    # P [SPLIT_K, N] fp32 partials -> Y [N]; N may be M rows x N_BIAS columns flattened (the few-rows GEMM)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < N
     y = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):
         y += tl.load(P + s * N + rows, mask=ok, other=0.0)
     if HAS_BIAS:
-        y += tl.load(B + rows, mask=ok, other=0.0).to(tl.float32)
+        y += tl.load(B + rows % N_BIAS, mask=ok, other=0.0).to(tl.float32)
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=ok)
 
 
@@ -107,22 +111,135 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     partial = torch.empty(split, n, dtype=torch.float32, device=x.device)
     _gemv_kernel[(triton.cdiv(n, bn), split)](x, weight, b, partial, n, k, k_per_split, weight.stride(0),
                                               HAS_BIAS=False, PARTIAL=True, **launch)
-    _split_sum_kernel[(triton.cdiv(n, 1024),)](partial, b, y, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024)
+    _split_sum_kernel[(triton.cdiv(n, 1024),)](partial, b, y, n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024)
     return y
 
 
-# -- few rows (a tree verify's M = 17 ... 129 tokens): tensor-core tiles, one program per BLOCK_N
-# columns and BLOCK_M rows, streaming the weight once per row block (every row block at once for M
-# up to BLOCK_M); memory-bound like the GEMV as long as M is small against the H200's ~200 flop/byte.
-FEW_ROWS_CONFIG = {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "MAX_BLOCK_M": 128}
-# tree_kernels.linear sends 2 .. FEW_ROWS_MAX rows here, more to cuBLAS. Off (0): on the H200 this
-# plain tl.dot loop (no TMA / warp-specialised pipeline) only ties cuBLAS at 17 rows and is 1.2-2.3x
-# slower at 65 and 129 (data/results/gemv-nvidia-h200-2026-12-03T20-few.json); it put the 27B
-# 65-token verify at 27.9 ms against 20.4 ms through cuBLAS in the same run.
-FEW_ROWS_MAX = 0
+# -- few rows (a tree verify's M = 17 ... 257 tokens): tensor-core tiles, memory-bound like the GEMV as
+# long as M is small against the H200's ~200 flop/byte. Two layouts:
+#   "rows": x's rows are the MMA's M side: one program per BLOCK_M rows and BLOCK_N weight rows,
+#           every row block at once for M up to MAX_BLOCK_M (M padded to a power of two: 65 -> 128).
+#   "swap": the weight's rows are the MMA's M side (BLOCK_N >= 64 fills a Hopper warpgroup's MMA),
+#           x's rows its N side, split into a power-of-two main block and a tail block of >= 16
+#           (65 = 64 + 1 -> MMA N of 64 + 16 = 80, not 128), both multiplied by the same weight tile,
+#           so the weight is read once; SPLIT_K > 1 gives a small N (5120 outputs) enough programs.
+FEW_ROWS_CONFIG = {"LAYOUT": "rows", "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "MAX_BLOCK_M": 128,
+                   "SPLIT_K": 1}
+# tree_kernels.linear sends 2 .. FEW_ROWS_MAX rows here, more to cuBLAS. Off (0): on the H200 the plain
+# "rows" loop only ties cuBLAS at 17 rows and is 1.2-2.3x slower at 65 and 129
+# (data/results/gemv-nvidia-h200-2026-12-03T20-few.json); it put the 27B 65-token verify at 27.9 ms
+# against 20.4 ms through cuBLAS in the same run.
+FEW_ROWS_MAX = int(os.environ.get("WORKBENCH_FEW_ROWS_MAX", "0"))
 # Triton's interpreter (the CPU tests) returns garbage (~1e10) from tl.dot on bf16 operands; there
 # the operands are widened to fp32 first. On the GPU the dot takes them as they are.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+SWAP_MAX_MAIN = 256  # more rows than main + tail run as several launches of at most this many main rows
+
+
+def swap_row_blocks(m: int) -> tuple[int, int]:
+    """(main, tail) MMA widths for m rows in the "swap" layout: main the largest power of two <= m
+    (at least 16, tl.dot's minimum), tail the power of two >= 16 covering the rest (0 if none)."""
+    if m < 1:
+        raise ValueError(f"swap_row_blocks: m must be >= 1, got {m}")
+    main = max(16, 1 << (m.bit_length() - 1))
+    rest = m - main
+    return main, (0 if rest <= 0 else max(16, 1 << (rest - 1).bit_length()))
+
+
+# (device name, N, K, M) -> the few-rows sweep's best config there (FEW_ROWS_CONFIG elsewhere); filled from
+# a bench.gemv result by load_few_rows_tuned (M rounded up to the next one swept for that shape)
+FEW_ROWS_TUNED: dict[tuple, dict] = {}
+
+
+@contextlib.contextmanager
+def use_few_rows(max_rows: int):
+    """Within the block, tree_kernels.linear sends 2 .. max_rows rows to the few-rows GEMM (0: none)."""
+    global FEW_ROWS_MAX
+    old = FEW_ROWS_MAX
+    FEW_ROWS_MAX = max_rows
+    try:
+        yield
+    finally:
+        FEW_ROWS_MAX = old
+
+
+def few_rows_config_for(weight: torch.Tensor, m: int) -> dict | None:
+    """The config for m rows through this weight: with FEW_ROWS_TUNED empty, FEW_ROWS_CONFIG; else the
+    tuned one for this shape and the smallest swept M >= m on this device, or None (not tuned here:
+    the caller keeps cuBLAS)."""
+    if not FEW_ROWS_TUNED:
+        return FEW_ROWS_CONFIG
+    if weight.is_cuda:
+        name = torch.cuda.get_device_name(weight.device)
+        swept = sorted(key[3] for key in FEW_ROWS_TUNED if key[:3] == (name, *weight.shape) and key[3] >= m)
+        if swept:
+            return {**FEW_ROWS_CONFIG, **FEW_ROWS_TUNED[(name, *weight.shape, swept[0])]}
+    return None
+
+
+def load_few_rows_tuned(result: dict, device: str | None = None) -> dict[tuple, dict]:
+    """FEW_ROWS_TUNED entries from a bench.gemv result's few-rows section: each (shape, M) whose best
+    Triton config beat every cuBLAS layout measured there. Returns what it added."""
+    device = device or result["device"]
+    added = {}
+    for row in result.get("few_rows", []):
+        best, cublas = row.get("best_triton"), row.get("best_cublas") or {"ms": row.get("linear_ms")}
+        if best and cublas["ms"] and best["ms"] < cublas["ms"]:
+            added[(device, row["N"], row["K"], row["M"])] = dict(best["config"])
+    FEW_ROWS_TUNED.update(added)
+    return added
+
+
+@triton.jit
+def _few_rows_swap_kernel(X, W, B, Y, M, N, K, k_per_split, sxm, swn, sym, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+                          DOT_FP32: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          M_MAIN: tl.constexpr, M_TAIL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    rk = tl.arange(0, BLOCK_K)
+    rm = tl.arange(0, M_MAIN)
+    m_ok = rm < M
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    w_rows = W + rn.to(tl.int64)[:, None] * swn
+    x_rows = X + rm.to(tl.int64)[:, None] * sxm
+    acc = tl.zeros((BLOCK_N, M_MAIN), dtype=tl.float32)
+    if M_TAIL > 0:
+        rt = M_MAIN + tl.arange(0, M_TAIL)
+        t_ok = rt < M
+        t_rows = X + rt.to(tl.int64)[:, None] * sxm
+        acc_t = tl.zeros((BLOCK_N, M_TAIL), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        c = k0 + rk
+        c_ok = c < k_end
+        w = tl.load(w_rows + c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+        x = tl.load(x_rows + c[None, :], mask=m_ok[:, None] & c_ok[None, :], other=0.0)
+        if DOT_FP32:
+            w, x = w.to(tl.float32), x.to(tl.float32)
+        acc = tl.dot(w, tl.trans(x), acc)
+        if M_TAIL > 0:
+            xt = tl.load(t_rows + c[None, :], mask=t_ok[:, None] & c_ok[None, :], other=0.0)
+            if DOT_FP32:
+                xt = xt.to(tl.float32)
+            acc_t = tl.dot(w, tl.trans(xt), acc_t)
+    # acc[n, m] is y[m, n]: stored transposed (M x N outputs are tiny next to the N x K weight)
+    if PARTIAL:  # fp32 slice split of [SPLIT_K, M, N]; the bias goes in the sum
+        out = Y + split * M * N
+        tl.store(out + rm.to(tl.int64)[None, :] * N + rn[:, None], acc, mask=n_ok[:, None] & m_ok[None, :])
+        if M_TAIL > 0:
+            tl.store(out + rt.to(tl.int64)[None, :] * N + rn[:, None], acc_t, mask=n_ok[:, None] & t_ok[None, :])
+    else:
+        if HAS_BIAS:
+            bias = tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            acc += bias
+            if M_TAIL > 0:
+                acc_t += bias
+        tl.store(Y + rm.to(tl.int64)[None, :] * sym + rn[:, None], acc.to(Y.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+        if M_TAIL > 0:
+            tl.store(Y + rt.to(tl.int64)[None, :] * sym + rn[:, None], acc_t.to(Y.dtype.element_ty),
+                     mask=n_ok[:, None] & t_ok[None, :])
 
 
 @triton.jit
@@ -149,20 +266,112 @@ def _few_rows_kernel(X, W, B, Y, M, N, K, sxm, swn, sym, HAS_BIAS: tl.constexpr,
     tl.store(Y + rm.to(tl.int64)[:, None] * sym + rn[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _few_rows_swap_tma_kernel(x_desc, xt_desc, w_desc, B, Y, M, N, K, k_per_split, sym, HAS_BIAS: tl.constexpr,
+                              PARTIAL: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              M_MAIN: tl.constexpr, M_TAIL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    # the "swap" layout with every tile loaded by the Hopper TMA (tensor descriptors): no address
+    # arithmetic or masks in the loop, the tiles past M, N or K come back as zeros
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    rm = tl.arange(0, M_MAIN)
+    m_ok = rm < M
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    acc = tl.zeros((BLOCK_N, M_MAIN), dtype=tl.float32)
+    if M_TAIL > 0:
+        rt = M_MAIN + tl.arange(0, M_TAIL)
+        t_ok = rt < M
+        acc_t = tl.zeros((BLOCK_N, M_TAIL), dtype=tl.float32)
+    for k0 in tl.range(k_start, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):  # producer warps feed the MMA's
+        w = w_desc.load([pid_n * BLOCK_N, k0])
+        x = x_desc.load([0, k0])
+        if DOT_FP32:
+            w, x = w.to(tl.float32), x.to(tl.float32)
+        acc = tl.dot(w, tl.trans(x), acc)
+        if M_TAIL > 0:
+            xt = xt_desc.load([M_MAIN, k0])
+            if DOT_FP32:
+                xt = xt.to(tl.float32)
+            acc_t = tl.dot(w, tl.trans(xt), acc_t)
+    if PARTIAL:
+        out = Y + split * M * N
+        tl.store(out + rm.to(tl.int64)[None, :] * N + rn[:, None], acc, mask=n_ok[:, None] & m_ok[None, :])
+        if M_TAIL > 0:
+            tl.store(out + rt.to(tl.int64)[None, :] * N + rn[:, None], acc_t, mask=n_ok[:, None] & t_ok[None, :])
+    else:
+        if HAS_BIAS:
+            bias = tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            acc += bias
+            if M_TAIL > 0:
+                acc_t += bias
+        tl.store(Y + rm.to(tl.int64)[None, :] * sym + rn[:, None], acc.to(Y.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+        if M_TAIL > 0:
+            tl.store(Y + rt.to(tl.int64)[None, :] * sym + rn[:, None], acc_t.to(Y.dtype.element_ty),
+                     mask=n_ok[:, None] & t_ok[None, :])
+
+
+def _tma_ready(*tensors: torch.Tensor) -> bool:
+    """A TMA descriptor needs 16-byte aligned bases and row strides."""
+    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors)
+
+
 def gemm_few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
     check_linear_inputs("gemm_few_rows", x, weight, bias, one_row=False)
     if weight.stride(1) != 1:
         raise ValueError(f"gemm_few_rows: weight rows must be contiguous, got strides {weight.stride()}")
+    cfg = {**FEW_ROWS_CONFIG, **(config or {})}
+    if cfg["LAYOUT"] not in ("rows", "swap", "swap_tma"):
+        raise ValueError(f"gemm_few_rows: LAYOUT must be 'rows', 'swap' or 'swap_tma', got {cfg['LAYOUT']!r}")
     if x.stride(1) != 1:
         x = x.contiguous()
-    cfg = {**FEW_ROWS_CONFIG, **(config or {})}
     m, k = x.shape
     n = weight.shape[0]
-    bm = min(max(16, 1 << (m - 1).bit_length()), cfg["MAX_BLOCK_M"])  # tl.dot wants >= 16 rows
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    _few_rows_kernel[(triton.cdiv(m, bm), triton.cdiv(n, cfg["BLOCK_N"]))](
-        x, weight, bias if bias is not None else y, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, DOT_FP32=_INTERPRETED, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    launch = dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg["LAYOUT"] == "rows":
+        bm = min(max(16, 1 << (m - 1).bit_length()), cfg["MAX_BLOCK_M"])  # tl.dot wants >= 16 rows
+        _few_rows_kernel[(triton.cdiv(m, bm), triton.cdiv(n, cfg["BLOCK_N"]))](
+            x, weight, bias if bias is not None else y, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
+            HAS_BIAS=bias is not None, DOT_FP32=_INTERPRETED, BLOCK_M=bm, **launch)
+        return y
+    chunk = SWAP_MAX_MAIN + SWAP_MAX_MAIN // 4  # 257 rows (a budget of 256 + the root) stay one launch
+    for r0 in range(0, m, chunk):
+        _few_rows_swap(x[r0:r0 + chunk], weight, bias, y[r0:r0 + chunk], int(cfg["SPLIT_K"]), launch,
+                       tma=cfg["LAYOUT"] == "swap_tma", warp_specialize=cfg.get("WARP_SPECIALIZE", False))
     return y
+
+
+def _few_rows_swap(x, weight, bias, y, split, launch, tma: bool, warp_specialize: bool = False) -> None:
+    m, k = x.shape
+    n = weight.shape[0]
+    main, tail = swap_row_blocks(m)
+    split = max(1, split)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), launch["BLOCK_K"]) * launch["BLOCK_K"]
+    split = triton.cdiv(k, k_per_split)
+    b = bias if bias is not None else y
+    blocks = dict(DOT_FP32=_INTERPRETED, M_MAIN=main, M_TAIL=tail, **launch)
+    grid = (triton.cdiv(n, launch["BLOCK_N"]), split)
+    if tma and _tma_ready(x, weight):  # else (unaligned rows) the same layout through pointer loads
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bk = launch["BLOCK_K"]
+        descs = (TensorDescriptor.from_tensor(x, [main, bk]), TensorDescriptor.from_tensor(x, [max(tail, 16), bk]),
+                 TensorDescriptor.from_tensor(weight, [launch["BLOCK_N"], bk]))
+        out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        _few_rows_swap_tma_kernel[grid](*descs, b, out, m, n, k, k_per_split, y.stride(0) if split == 1 else n,
+                                        HAS_BIAS=bias is not None and split == 1, PARTIAL=split > 1,
+                                        WARP_SPECIALIZE=bool(warp_specialize), **blocks)
+        if split > 1:
+            _split_sum_kernel[(triton.cdiv(m * n, 1024),)](out, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024)
+        return
+    if split == 1:
+        _few_rows_swap_kernel[grid](x, weight, b, y, m, n, k, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
+                                    HAS_BIAS=bias is not None, PARTIAL=False, **blocks)
+        return
+    partial = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _few_rows_swap_kernel[grid](x, weight, b, partial, m, n, k, k_per_split, x.stride(0), weight.stride(0), n,
+                                HAS_BIAS=False, PARTIAL=True, **blocks)
+    _split_sum_kernel[(triton.cdiv(m * n, 1024),)](partial, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024)
