@@ -92,9 +92,9 @@ def test_few_rows_tuned_configs_come_from_a_bench_result_and_route_only_their_sh
     # taken, one where it lost is not; the lookup takes the smallest swept M >= the rows asked
     monkeypatch.setattr(triton_gemv, "FEW_ROWS_TUNED", {})
     result = {"device": "Dev", "few_rows": [
-        {"N": 8, "K": 16, "M": 17, "best_triton": {"ms": 1.0, "config": {"LAYOUT": "swap", "BLOCK_N": 16}}, "best_cublas": {"ms": 2.0}},
-        {"N": 8, "K": 16, "M": 65, "best_triton": {"ms": 3.0, "config": {"LAYOUT": "swap", "BLOCK_N": 32}}, "best_cublas": {"ms": 2.0}},
-        {"N": 4, "K": 16, "M": 65, "best_triton": None, "best_cublas": {"ms": 2.0}},
+        {"N": 8, "K": 16, "M": 17, "best_triton": {"ms": 1.0, "config": {"LAYOUT": "swap", "BLOCK_N": 16}}, "best_cublas": {"ms": 2.0}, "linear_ms": 2.0},
+        {"N": 8, "K": 16, "M": 65, "best_triton": {"ms": 3.0, "config": {"LAYOUT": "swap", "BLOCK_N": 32}}, "best_cublas": {"ms": 2.0}, "linear_ms": 2.0},
+        {"N": 4, "K": 16, "M": 65, "best_triton": None, "best_cublas": {"ms": 2.0}, "linear_ms": 2.0},
     ]}
     assert triton_gemv.load_few_rows_tuned(result) == {("Dev", 8, 16, 17): {"LAYOUT": "swap", "BLOCK_N": 16}}
 
@@ -213,3 +213,67 @@ def test_bench_gemv_rows_and_summaries_on_cpu(monkeypatch):
     one["layers"], few[0]["layers"] = 3, 2
     assert gemv._step_gemm_ms([one]) == {"linear": 0.03, "best_of_linear_and_triton": 0.03}
     assert gemv._step_gemm_ms([few[0]])["linear"] == 0.02 and gemv._step_gemm_ms([few[0]])["best_cublas_layout"] == 0.02
+
+
+def _few_row(ms_linear, ms_lt=None, ms_triton=None, ms_other=None, n=8, k=16, m=65):
+    rows = [{"variant": "linear", "ms": ms_linear}]
+    if ms_lt is not None:
+        rows.append({"variant": "linear_cublaslt", "ms": ms_lt})
+    if ms_other is not None:
+        rows.append({"variant": "w_at_xt", "ms": ms_other})
+    cublas = min((r for r in rows), key=lambda r: r["ms"])
+    best = {"ms": ms_triton, "config": {"LAYOUT": "swap_tma", "BLOCK_N": 64}} if ms_triton is not None else None
+    return {"N": n, "K": k, "M": m, "rows": rows, "linear_ms": ms_linear, "best_cublas": cublas, "best_triton": best}
+
+
+def test_few_rows_route_takes_the_fastest_route_that_beats_cublas_by_the_margin():
+    route = triton_gemv.few_rows_route
+    assert route(_few_row(1.0, ms_lt=0.9, ms_triton=0.95)) == (0.9, {"BACKEND": "cublaslt"})
+    assert route(_few_row(1.0, ms_lt=0.9, ms_triton=0.8)) == (0.8, {"LAYOUT": "swap_tma", "BLOCK_N": 64})
+    # within the margin of F.linear: keep F.linear
+    assert route(_few_row(1.0, ms_lt=0.995)) == (1.0, None)
+    # Triton faster than F.linear but not than another cuBLAS layout measured: not taken
+    assert route(_few_row(1.0, ms_triton=0.9, ms_other=0.85)) == (1.0, None)
+    # a cuBLASLt row that was wrong or failed is no route
+    bad = _few_row(1.0, ms_lt=0.5)
+    bad["rows"][1]["wrong"] = True
+    assert route(bad) == (1.0, None)
+    assert route({"N": 1, "K": 1, "M": 1, "linear_ms": None}) == (None, None)
+    table = {}
+    old = dict(triton_gemv.FEW_ROWS_TUNED)
+    try:
+        triton_gemv.FEW_ROWS_TUNED.clear()
+        table = triton_gemv.load_few_rows_tuned({"device": "Dev", "few_rows": [_few_row(1.0, ms_lt=0.9), _few_row(1.0, n=4)]})
+    finally:
+        triton_gemv.FEW_ROWS_TUNED.clear()
+        triton_gemv.FEW_ROWS_TUNED.update(old)
+    assert table == {("Dev", 8, 16, 65): {"BACKEND": "cublaslt"}}
+
+
+def test_linear_sends_a_cublaslt_route_through_cublaslt(monkeypatch):
+    calls = []
+    monkeypatch.setattr(triton_gemv, "FEW_ROWS_MAX", 64)
+    monkeypatch.setattr(triton_gemv, "few_rows_config_for", lambda w, m: {**triton_gemv.FEW_ROWS_CONFIG, "BACKEND": "cublaslt"})
+    monkeypatch.setattr(triton_gemv, "linear_cublaslt", lambda x, w, b=None: calls.append(x.shape) or F.linear(x, w, b))
+    monkeypatch.setattr(triton_gemv, "gemm_few_rows", lambda *a, **kw: pytest.fail("a cuBLASLt route ran the Triton GEMM"))
+    three, w = torch.randn(3, 16).bfloat16(), torch.randn(8, 16).bfloat16()
+    with tk.use_backend("triton"):
+        torch.testing.assert_close(tk.linear(three, w), F.linear(three, w))
+    assert calls == [(3, 16)]
+
+
+def test_linear_cublaslt_restores_the_preferred_blas_library_even_when_the_call_fails(monkeypatch):
+    settings = ["cublas"]
+
+    def preferred(backend=None):
+        if backend is not None:
+            settings.append(backend)
+        return settings[-1]
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preferred)
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    torch.testing.assert_close(triton_gemv.linear_cublaslt(x, w), F.linear(x, w))
+    assert settings == ["cublas", "cublaslt", "cublas"]
+    with pytest.raises(RuntimeError):
+        triton_gemv.linear_cublaslt(x, torch.randn(8, 15))
+    assert settings[-1] == "cublas"

@@ -255,7 +255,8 @@ def sigmoid_mul(gate, x):
 def linear(x, weight, bias=None):
     """``F.linear(x, weight, bias)``. In half precision where Triton runs (switch: use_gemv), one row
     (the AR step) takes the Triton GEMV, and 2 .. gemv.triton.FEW_ROWS_MAX rows the few-rows GEMM
-    (off by default; with FEW_ROWS_TUNED filled, only the tuned shapes); see gemv/naive.py. No backward: with gradients wanted, F.linear."""
+    (off by default; with FEW_ROWS_TUNED filled, only the tuned shapes, each through its tuned route:
+    a Triton config or cuBLASLt); see gemv/naive.py. No backward: with gradients wanted, F.linear."""
     rows = x.shape[0] if x.dim() == 2 else 0
     if (0 < rows and gemv_enabled() and x.dtype in (torch.float16, torch.bfloat16) and weight.dtype == x.dtype
             and weight.stride(-1) == 1 and use_triton(x)
@@ -266,6 +267,8 @@ def linear(x, weight, bias=None):
             return impl.gemv(x, weight, bias, impl.config_for(weight))
         if rows <= impl.FEW_ROWS_MAX:
             config = impl.few_rows_config_for(weight, rows)
+            if config is not None and config.get("BACKEND") == "cublaslt":
+                return impl.linear_cublaslt(x, weight, bias)
             if config is not None:  # None: tuned shapes only, and this is not one of them
                 return impl.gemm_few_rows(x, weight, bias, config)
     return torch.nn.functional.linear(x, weight, bias)

@@ -57,6 +57,16 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.machine()})"
 
 
+def few_rows_default() -> dict:
+    """Whether this run's verify GEMMs went through tuned few-rows routes by default (the committed table)."""
+    try:
+        from tree_kernels.gemv import triton as tgm
+    except ImportError:  # no Triton: cuBLAS throughout
+        return {"max_rows": 0, "tuned_routes_on_this_device": 0}
+    here = device_name()
+    return {"max_rows": tgm.FEW_ROWS_MAX, "tuned_routes_on_this_device": sum(1 for key in tgm.FEW_ROWS_TUNED if key[0] == here)}
+
+
 def cuda_median_ms(fn, repeats: int = 50, warmup: int = 5) -> float:
     """Median over repeats of one call, timed with CUDA events (synchronised host clock on CPU)."""
     for _ in range(warmup):
@@ -455,6 +465,8 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         from tree_kernels.gemv import triton as tgm
 
         got = {"tuned_from": str(args.few_rows_tuned)}
+        default_table = dict(tgm.FEW_ROWS_TUNED)  # the committed table, replaced by the file's for the comparison
+        tgm.FEW_ROWS_TUNED.clear()
         try:
             tuned = tgm.load_few_rows_tuned(json.loads(Path(args.few_rows_tuned).read_text()), device=device_name())
             got["tuned"] = {f"N{n} K{k} M{m}": cfg for (_, n, k, m), cfg in tuned.items()}
@@ -462,7 +474,7 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
                 raise RuntimeError(f"{args.few_rows_tuned}: no shape where the few-rows GEMM beat cuBLAS on {device_name()}")
             max_rows = max(m for (_, _, _, m) in tuned)
             for budget in (b for b in args.budgets_27b if b + 1 <= max_rows):
-                for label, context in (("cublas", contextlib.nullcontext()), ("few_rows", tgm.use_few_rows(max_rows))):
+                for label, context in (("cublas", tgm.use_few_rows(0)), ("few_rows", tgm.use_few_rows(max_rows))):
                     with context:
                         eng = engine_for("ddtree", budget)
                         got[f"verify_{budget + 1}_fork_{label}_ms"] = time_step(eng, "round", eng._round_step)
@@ -477,6 +489,7 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
             log(f"27B dims, few-rows GEMM failed: {exc!r}"[:500])
         finally:
             tgm.FEW_ROWS_TUNED.clear()
+            tgm.FEW_ROWS_TUNED.update(default_table)
         out["few_rows_gemm"] = got
     if args.gemv:  # the one-row GEMMs through cuBLAS again instead of the Triton GEMV
         import tree_kernels as tk
@@ -546,7 +559,7 @@ def main(argv=None) -> dict:
 
     result = {"benchmark": "e2e", "date": dt.datetime.now().isoformat(timespec="seconds"), "device": device_name(),
               "versions": versions(), "statistic": "median of repeats (27B dims); totals over prompts (pairs)",
-              "settings": {k: v for k, v in vars(args).items()}, "pairs": {}}
+              "settings": {k: v for k, v in vars(args).items()}, "pairs": {}, "few_rows_default": few_rows_default()}
     taus = {}
     slug = device_name().lower().replace(" ", "-")
     out = Path(args.out) if args.out else RESULTS / f"e2e-{slug}-{dt.date.today().isoformat()}.json"

@@ -223,7 +223,11 @@ def _step_gemm_ms(rows: list[dict]) -> dict:
     out = {"linear": sum(s["linear_ms"] * s["layers"] for s in mine),
            "best_of_linear_and_triton": sum(b * s["layers"] for b, s in zip(best, mine))}
     if all(s.get("best_cublas") for s in mine):  # the few-rows section: any cuBLAS call layout per shape
+        from tree_kernels.gemv import triton as tg
+
         out["best_cublas_layout"] = sum(s["best_cublas"]["ms"] * s["layers"] for s in mine)
+        # what tree_kernels.linear does with this result loaded as its tuned table
+        out["tuned_routes"] = sum(tg.few_rows_route(s)[0] * s["layers"] for s in mine)
     return out
 
 
@@ -277,7 +281,8 @@ def main(argv=None) -> dict:
         for m in rows_list:
             result["verify_gemm_ms"][str(m)] = g = _step_gemm_ms([s for s in result["few_rows"] if s["M"] == m])
             log(f"verify GEMMs, {m} rows: linear {g['linear']:.2f} ms, best of linear/triton per shape {g['best_of_linear_and_triton']:.2f} ms"
-                + (f", best cuBLAS layout per shape {g['best_cublas_layout']:.2f} ms" if "best_cublas_layout" in g else ""))
+                + (f", best cuBLAS layout per shape {g['best_cublas_layout']:.2f} ms, tuned routes {g['tuned_routes']:.2f} ms"
+                   if "best_cublas_layout" in g else ""))
     write_json_atomic(out, result)
     return result
 

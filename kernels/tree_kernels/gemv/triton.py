@@ -20,7 +20,8 @@ from .naive import check_linear_inputs
 
 __all__ = ["gemv", "config_for", "gemm_few_rows", "swap_row_blocks", "DEFAULT_CONFIG", "TUNED",
            "FEW_ROWS_CONFIG", "FEW_ROWS_TUNED",
-           "few_rows_config_for", "load_few_rows_tuned", "use_few_rows"]
+           "few_rows_config_for", "load_few_rows_tuned", "use_few_rows", "linear_cublaslt",
+           "few_rows_route"]
 
 # Within 5 % of the best of the sweep on every Qwen3.6-27B shape on the H200, ahead of cuBLAS on 6 of 7
 # (data/results/gemv-nvidia-h200-2026-12-03.json); split-K never won there (the rows alone fill the SMs).
@@ -177,17 +178,53 @@ def few_rows_config_for(weight: torch.Tensor, m: int) -> dict | None:
     return None
 
 
+# a route other than plain cuBLAS is taken only when it is at least this much faster than F.linear
+# there (the sweep's medians repeat to ~1 %; a tie is not worth a second code path)
+ROUTE_MIN_GAIN = 0.01
+
+
+def few_rows_route(row: dict) -> tuple[float | None, dict | None]:
+    """(ms, route) for one row of a bench.gemv few-rows section: the fastest route tree_kernels.linear
+    can take there (the best Triton config, or F.linear through cuBLASLt: {"BACKEND": "cublaslt"}) when
+    it beats F.linear by ROUTE_MIN_GAIN, the Triton config only when it also beat every cuBLAS call
+    layout measured; else (F.linear's ms, None)."""
+    linear = row.get("linear_ms")
+    if not linear:
+        return None, None
+    routes = []
+    best, cublas = row.get("best_triton"), row.get("best_cublas") or {"ms": linear}
+    if best and best["ms"] < cublas["ms"]:
+        routes.append((best["ms"], dict(best["config"])))
+    lt = next((r for r in row.get("rows", []) if r.get("variant") == "linear_cublaslt" and "ms" in r and not r.get("wrong")), None)
+    if lt:
+        routes.append((lt["ms"], {"BACKEND": "cublaslt"}))
+    ms, config = min(routes, key=lambda r: r[0], default=(linear, None))
+    return (ms, config) if config is not None and ms < linear * (1 - ROUTE_MIN_GAIN) else (linear, None)
+
+
 def load_few_rows_tuned(result: dict, device: str | None = None) -> dict[tuple, dict]:
-    """FEW_ROWS_TUNED entries from a bench.gemv result's few-rows section: each (shape, M) whose best
-    Triton config beat every cuBLAS layout measured there. Returns what it added."""
+    """FEW_ROWS_TUNED entries from a bench.gemv result's few-rows section: each (shape, M) where
+    few_rows_route found a route faster than F.linear. Returns what it added."""
     device = device or result["device"]
     added = {}
     for row in result.get("few_rows", []):
-        best, cublas = row.get("best_triton"), row.get("best_cublas") or {"ms": row.get("linear_ms")}
-        if best and cublas["ms"] and best["ms"] < cublas["ms"]:
-            added[(device, row["N"], row["K"], row["M"])] = dict(best["config"])
+        _, config = few_rows_route(row)
+        if config is not None:
+            added[(device, row["N"], row["K"], row["M"])] = config
     FEW_ROWS_TUNED.update(added)
     return added
+
+
+def linear_cublaslt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear with torch's preferred BLAS library set to cuBLASLt for this one call (a tuned route:
+    on the H100 cuBLASLt reads the 65-row MLP down projection at 90 % of the copy bandwidth where
+    cuBLAS's default pick reads it at 80 %). A CUDA graph captured around it keeps cuBLASLt's kernel."""
+    old = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        return torch.nn.functional.linear(x, weight, bias)
+    finally:
+        torch.backends.cuda.preferred_blas_library(old)
 
 
 @triton.jit
