@@ -123,6 +123,8 @@ def test_few_rows_tuned_configs_come_from_a_bench_result_and_route_only_their_sh
 
 
 def test_linear_dispatch_by_rows_dtype_and_gradients(monkeypatch):
+    monkeypatch.setattr(triton_gemv, "FEW_ROWS_TUNED", {})  # no table: several rows take FEW_ROWS_CONFIG once switched on
+    monkeypatch.setattr(triton_gemv, "FEW_ROWS_MAX", 0)
     calls = []
     real, real_few = triton_gemv.gemv, triton_gemv.gemm_few_rows
     monkeypatch.setattr(triton_gemv, "gemv", lambda *a, **kw: calls.append(("gemv", a[0].shape)) or real(*a, **kw))
@@ -134,7 +136,7 @@ def test_linear_dispatch_by_rows_dtype_and_gradients(monkeypatch):
         assert calls == [("gemv", (1, 40))]
         three = torch.randn(3, 40).bfloat16()
         tk.linear(three, w)  # several rows: cuBLAS's GEMM unless the few-rows GEMM is switched on
-        assert calls == [("gemv", (1, 40))] or triton_gemv.FEW_ROWS_MAX >= 3
+        assert calls == [("gemv", (1, 40))]
         monkeypatch.setattr(triton_gemv, "FEW_ROWS_MAX", 4)
         torch.testing.assert_close(tk.linear(three, w), F.linear(three, w), rtol=2e-2, atol=2e-2)
         assert calls[-1] == ("few", (3, 40))
@@ -277,3 +279,36 @@ def test_linear_cublaslt_restores_the_preferred_blas_library_even_when_the_call_
     with pytest.raises(RuntimeError):
         triton_gemv.linear_cublaslt(x, torch.randn(8, 15))
     assert settings[-1] == "cublas"
+
+
+def test_the_committed_few_rows_routes_are_what_their_source_result_gives():
+    # few_rows_tuned.py is generated (bench.gemv --tuned-from); a hand edit or a stale copy fails here
+    import json
+    from pathlib import Path
+
+    from tree_kernels.gemv import few_rows_tuned
+    from workbench.bench import gemv as bench_gemv
+
+    if few_rows_tuned.SOURCE is None:
+        assert few_rows_tuned.TABLE == {}
+        return
+    src = Path(__file__).resolve().parents[1] / few_rows_tuned.SOURCE
+    result = json.loads(src.read_text())
+    assert bench_gemv.TUNED_MODULE.read_text() == bench_gemv.tuned_module_source(result, few_rows_tuned.SOURCE)
+    assert few_rows_tuned.TABLE and all(key[0] == result["device"] for key in few_rows_tuned.TABLE)
+    # and they are the default routes, for those rows only
+    assert triton_gemv.FEW_ROWS_TUNED == few_rows_tuned.TABLE
+
+
+def test_tuned_module_source_round_trips_through_python(tmp_path):
+    from workbench.bench import gemv as bench_gemv
+
+    result = {"device": "Dev", "few_rows": [dict(_few_row(1.0, ms_lt=0.9), name="mlp_down"),
+                                            dict(_few_row(1.0, ms_triton=0.5, m=17), name="gdn_in"),
+                                            dict(_few_row(1.0), name="attn_o")]}
+    text = bench_gemv.tuned_module_source(result, "data/results/x.json")
+    namespace = {}
+    exec(compile(text, "few_rows_tuned.py", "exec"), namespace)
+    assert namespace["SOURCE"] == "data/results/x.json"
+    assert namespace["TABLE"] == {("Dev", 8, 16, 65): {"BACKEND": "cublaslt"},
+                                  ("Dev", 8, 16, 17): {"LAYOUT": "swap_tma", "BLOCK_N": 64}}

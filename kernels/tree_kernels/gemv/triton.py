@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import few_rows_tuned as _committed_routes
 from .naive import check_linear_inputs
 
 __all__ = ["gemv", "config_for", "gemm_few_rows", "swap_row_blocks", "DEFAULT_CONFIG", "TUNED",
@@ -126,11 +127,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 #           so the weight is read once; SPLIT_K > 1 gives a small N (5120 outputs) enough programs.
 FEW_ROWS_CONFIG = {"LAYOUT": "rows", "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "MAX_BLOCK_M": 128,
                    "SPLIT_K": 1}
-# tree_kernels.linear sends 2 .. FEW_ROWS_MAX rows here, more to cuBLAS. Off (0): on the H200 the plain
-# "rows" loop only ties cuBLAS at 17 rows and is 1.2-2.3x slower at 65 and 129
-# (data/results/gemv-nvidia-h200-2026-12-03T20-few.json); it put the 27B 65-token verify at 27.9 ms
-# against 20.4 ms through cuBLAS in the same run.
-FEW_ROWS_MAX = int(os.environ.get("WORKBENCH_FEW_ROWS_MAX", "0"))
+# (device name, N, K, M) -> the route a few-rows sweep found faster than F.linear there (a Triton config or
+# cuBLASLt); filled from a bench.gemv result by load_few_rows_tuned (M rounded up to the next one swept
+# for that shape), by default with the committed routes (few_rows_tuned.py, generated from a result file)
+FEW_ROWS_TUNED: dict[tuple, dict] = dict(_committed_routes.TABLE)
+# tree_kernels.linear sends 2 .. FEW_ROWS_MAX rows here, more to cuBLAS; by default up to the largest M
+# with a committed route (only those shapes and devices: elsewhere cuBLAS), else off (0): without a
+# table every shape would take FEW_ROWS_CONFIG, and the plain "rows" loop only ties cuBLAS at 17 rows
+# and is 1.2-2.3x slower at 65 and 129 (data/results/gemv-nvidia-h200-2026-12-03T20-few.json).
+FEW_ROWS_MAX = int(os.environ.get("WORKBENCH_FEW_ROWS_MAX", str(max((key[3] for key in FEW_ROWS_TUNED), default=0))))
 # Triton's interpreter (the CPU tests) returns garbage (~1e10) from tl.dot on bf16 operands; there
 # the operands are widened to fp32 first. On the GPU the dot takes them as they are.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -146,10 +151,6 @@ def swap_row_blocks(m: int) -> tuple[int, int]:
     rest = m - main
     return main, (0 if rest <= 0 else max(16, 1 << (rest - 1).bit_length()))
 
-
-# (device name, N, K, M) -> the few-rows sweep's best config there (FEW_ROWS_CONFIG elsewhere); filled from
-# a bench.gemv result by load_few_rows_tuned (M rounded up to the next one swept for that shape)
-FEW_ROWS_TUNED: dict[tuple, dict] = {}
 
 
 @contextlib.contextmanager
