@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from .results import RESULTS, newest_e2e_with
+from .results import REPORTED_DEVICE, RESULTS, newest_e2e_with
 
 
 def figures_for(result: dict, stem: str) -> list[tuple[object, str]]:
@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--e2e", nargs="+", default=None,
                    help="e2e results (default: the newest data/results/e2e-*.json with pairs and with 27B dims)")
+    p.add_argument("--device", default=REPORTED_DEVICE,
+                   help=f"without --e2e: the newest runs on a card whose name contains this (default {REPORTED_DEVICE}; 'any')")
     p.add_argument("--out-dir", default=str(RESULTS / "figures"))
     args = p.parse_args(argv)
     if args.e2e:
@@ -38,7 +40,7 @@ def main(argv=None) -> int:
         paths = []
         for part in ("pairs", "qwen36_27b_dims"):
             try:
-                paths.append(newest_e2e_with(part, RESULTS))
+                paths.append(newest_e2e_with(part, RESULTS, device=None if args.device == "any" else args.device))
             except FileNotFoundError:
                 pass
         if not paths:

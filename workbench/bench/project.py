@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ..trace import write_json_atomic
-from .results import RESULTS, newest_e2e_with
+from .results import REPORTED_DEVICE, RESULTS, newest_e2e_with
 
 
 def project(e2e: dict, acceptance: dict, pair: str = "tiny-hybrid", mode: str = "fork") -> dict:
@@ -64,12 +64,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m workbench.bench.project", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--e2e", default=None, help="e2e result with a qwen36_27b_dims part (default: the newest e2e-*.json that has one)")
+    p.add_argument("--device", default=REPORTED_DEVICE,
+                   help=f"without --e2e: take the newest run on a card whose name contains this (default {REPORTED_DEVICE}; 'any')")
     p.add_argument("--acceptance", default=str(RESULTS / "zoo-acceptance.json"))
     p.add_argument("--pair", default="tiny-hybrid")
     p.add_argument("--out", default=str(RESULTS / "projection-27b.json"))
     args = p.parse_args(argv)
     try:
-        e2e_path = Path(args.e2e) if args.e2e else newest_e2e_with("qwen36_27b_dims", RESULTS)
+        e2e_path = Path(args.e2e) if args.e2e else newest_e2e_with(
+            "qwen36_27b_dims", RESULTS, device=None if args.device == "any" else args.device)
         acc_path = Path(args.acceptance)
         for path in (e2e_path, acc_path):
             if not path.is_file():
