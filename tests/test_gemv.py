@@ -89,14 +89,24 @@ def test_swap_row_blocks_cover_the_rows_with_the_least_padding():
 
 def test_few_rows_tuned_configs_come_from_a_bench_result_and_route_only_their_shapes(monkeypatch):
     # a bench.gemv result's few-rows rows: a shape and M where Triton beat every cuBLAS layout is
-    # taken, one where it lost is not; the lookup takes the smallest swept M >= the rows asked
+    # taken, one where it lost stays on cuBLAS; the lookup takes the smallest swept M >= the rows asked
     monkeypatch.setattr(triton_gemv, "FEW_ROWS_TUNED", {})
     result = {"device": "Dev", "few_rows": [
         {"N": 8, "K": 16, "M": 17, "best_triton": {"ms": 1.0, "config": {"LAYOUT": "swap", "BLOCK_N": 16}}, "best_cublas": {"ms": 2.0}, "linear_ms": 2.0},
         {"N": 8, "K": 16, "M": 65, "best_triton": {"ms": 3.0, "config": {"LAYOUT": "swap", "BLOCK_N": 32}}, "best_cublas": {"ms": 2.0}, "linear_ms": 2.0},
-        {"N": 4, "K": 16, "M": 65, "best_triton": None, "best_cublas": {"ms": 2.0}, "linear_ms": 2.0},
+        {"N": 4, "K": 16, "M": 17, "best_triton": None, "best_cublas": {"ms": 2.0}, "linear_ms": 2.0},
+        {"N": 4, "K": 16, "M": 65, "best_triton": {"ms": 1.0, "config": {"LAYOUT": "swap", "BLOCK_N": 64}}, "best_cublas": {"ms": 2.0}, "linear_ms": 2.0},
+        {"N": 2, "K": 16, "M": 17, "linear_ms": None},  # not measured (failed): no entry
     ]}
-    assert triton_gemv.load_few_rows_tuned(result) == {("Dev", 8, 16, 17): {"LAYOUT": "swap", "BLOCK_N": 16}}
+    cublas = triton_gemv.CUBLAS_ROUTE
+    assert triton_gemv.few_rows_routes(result) == {
+        ("Dev", 8, 16, 17): {"LAYOUT": "swap", "BLOCK_N": 16}, ("Dev", 8, 16, 65): cublas,
+        ("Dev", 4, 16, 17): cublas, ("Dev", 4, 16, 65): {"LAYOUT": "swap", "BLOCK_N": 64}}
+    assert triton_gemv.FEW_ROWS_TUNED == {}  # few_rows_routes only reads
+    assert triton_gemv.load_few_rows_tuned(result) == triton_gemv.FEW_ROWS_TUNED == triton_gemv.few_rows_routes(result)
+    assert triton_gemv.routed_max_rows(triton_gemv.FEW_ROWS_TUNED) == 65
+    assert triton_gemv.routed_max_rows(triton_gemv.FEW_ROWS_TUNED, device="Other") == 0
+    assert triton_gemv.routed_max_rows({("Dev", 8, 16, 129): cublas, ("Dev", 8, 16, 17): {"LAYOUT": "swap"}}) == 17
 
     class FakeWeight:
         is_cuda, shape, device = True, (8, 16), "cuda:0"
@@ -104,8 +114,13 @@ def test_few_rows_tuned_configs_come_from_a_bench_result_and_route_only_their_sh
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Dev")
     assert triton_gemv.few_rows_config_for(FakeWeight(), 9)["BLOCK_N"] == 16
     assert triton_gemv.few_rows_config_for(FakeWeight(), 9)["num_warps"] == triton_gemv.FEW_ROWS_CONFIG["num_warps"]
-    assert triton_gemv.few_rows_config_for(FakeWeight(), 18) is None  # no swept M >= 18: cuBLAS
+    assert triton_gemv.few_rows_config_for(FakeWeight(), 18) is None  # rounds up to 65, where cuBLAS won
+    assert triton_gemv.few_rows_config_for(FakeWeight(), 66) is None  # no swept M >= 66: cuBLAS
     FakeWeight.shape = (4, 16)
+    # 9 rows round up to 17, where cuBLAS won: not to 65's route, measured at 65 rows only
+    assert triton_gemv.few_rows_config_for(FakeWeight(), 9) is None
+    assert triton_gemv.few_rows_config_for(FakeWeight(), 40)["BLOCK_N"] == 64
+    FakeWeight.shape = (2, 16)
     assert triton_gemv.few_rows_config_for(FakeWeight(), 9) is None  # not tuned: cuBLAS
     # on the CPU (interpreted) a tuned table routes nothing: tuned shapes are per device
     monkeypatch.setattr(triton_gemv, "FEW_ROWS_MAX", 64)
@@ -249,7 +264,7 @@ def test_few_rows_route_takes_the_fastest_route_that_beats_cublas_by_the_margin(
     finally:
         triton_gemv.FEW_ROWS_TUNED.clear()
         triton_gemv.FEW_ROWS_TUNED.update(old)
-    assert table == {("Dev", 8, 16, 65): {"BACKEND": "cublaslt"}}
+    assert table == {("Dev", 8, 16, 65): {"BACKEND": "cublaslt"}, ("Dev", 4, 16, 65): triton_gemv.CUBLAS_ROUTE}
 
 
 def test_linear_sends_a_cublaslt_route_through_cublaslt(monkeypatch):
@@ -305,10 +320,12 @@ def test_tuned_module_source_round_trips_through_python(tmp_path):
 
     result = {"device": "Dev", "few_rows": [dict(_few_row(1.0, ms_lt=0.9), name="mlp_down"),
                                             dict(_few_row(1.0, ms_triton=0.5, m=17), name="gdn_in"),
-                                            dict(_few_row(1.0), name="attn_o")]}
+                                            dict(_few_row(1.0, n=4), name="attn_o")]}
     text = bench_gemv.tuned_module_source(result, "data/results/x.json")
     namespace = {}
     exec(compile(text, "few_rows_tuned.py", "exec"), namespace)
     assert namespace["SOURCE"] == "data/results/x.json"
     assert namespace["TABLE"] == {("Dev", 8, 16, 65): {"BACKEND": "cublaslt"},
-                                  ("Dev", 8, 16, 17): {"LAYOUT": "swap_tma", "BLOCK_N": 64}}
+                                  ("Dev", 8, 16, 17): {"LAYOUT": "swap_tma", "BLOCK_N": 64},
+                                  ("Dev", 4, 16, 65): {"BACKEND": "cublas"}}  # swept, cuBLAS kept
+    assert "# attn_o" in text and "# gdn_in" in text

@@ -64,7 +64,8 @@ def few_rows_default() -> dict:
     except ImportError:  # no Triton: cuBLAS throughout
         return {"max_rows": 0, "tuned_routes_on_this_device": 0}
     here = device_name()
-    return {"max_rows": tgm.FEW_ROWS_MAX, "tuned_routes_on_this_device": sum(1 for key in tgm.FEW_ROWS_TUNED if key[0] == here)}
+    return {"max_rows": tgm.FEW_ROWS_MAX, "tuned_routes_on_this_device": sum(
+        1 for key, route in tgm.FEW_ROWS_TUNED.items() if key[0] == here and route != tgm.CUBLAS_ROUTE)}
 
 
 def cuda_median_ms(fn, repeats: int = 50, warmup: int = 5) -> float:
@@ -470,9 +471,9 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         try:
             tuned = tgm.load_few_rows_tuned(json.loads(Path(args.few_rows_tuned).read_text()), device=device_name())
             got["tuned"] = {f"N{n} K{k} M{m}": cfg for (_, n, k, m), cfg in tuned.items()}
-            if not tuned:
+            max_rows = tgm.routed_max_rows(tuned)
+            if not max_rows:
                 raise RuntimeError(f"{args.few_rows_tuned}: no shape where the few-rows GEMM beat cuBLAS on {device_name()}")
-            max_rows = max(m for (_, _, _, m) in tuned)
             for budget in (b for b in args.budgets_27b if b + 1 <= max_rows):
                 for label, context in (("cublas", tgm.use_few_rows(0)), ("few_rows", tgm.use_few_rows(max_rows))):
                     with context:

@@ -21,7 +21,7 @@ from .naive import check_linear_inputs
 
 __all__ = ["gemv", "config_for", "gemm_few_rows", "swap_row_blocks", "DEFAULT_CONFIG", "TUNED",
            "FEW_ROWS_CONFIG", "FEW_ROWS_TUNED",
-           "few_rows_config_for", "load_few_rows_tuned", "use_few_rows", "linear_cublaslt",
+           "few_rows_config_for", "load_few_rows_tuned", "few_rows_routes", "routed_max_rows", "CUBLAS_ROUTE", "use_few_rows", "linear_cublaslt",
            "few_rows_route"]
 
 # Within 5 % of the best of the sweep on every Qwen3.6-27B shape on the H200, ahead of cuBLAS on 6 of 7
@@ -127,15 +127,25 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 #           so the weight is read once; SPLIT_K > 1 gives a small N (5120 outputs) enough programs.
 FEW_ROWS_CONFIG = {"LAYOUT": "rows", "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "MAX_BLOCK_M": 128,
                    "SPLIT_K": 1}
-# (device name, N, K, M) -> the route a few-rows sweep found faster than F.linear there (a Triton config or
-# cuBLASLt); filled from a bench.gemv result by load_few_rows_tuned (M rounded up to the next one swept
-# for that shape), by default with the committed routes (few_rows_tuned.py, generated from a result file)
+# (device name, N, K, M) -> the route a few-rows sweep chose there: a Triton config, cuBLASLt, or plain
+# cuBLAS ({"BACKEND": "cublas"}: swept, and nothing beat F.linear; kept so that fewer rows round up to
+# this M, not to a larger one whose route was measured at other rows only). Filled from a bench.gemv
+# result by load_few_rows_tuned, by default with the committed routes (few_rows_tuned.py, generated).
 FEW_ROWS_TUNED: dict[tuple, dict] = dict(_committed_routes.TABLE)
+CUBLAS_ROUTE = {"BACKEND": "cublas"}
+
+
+def routed_max_rows(table: dict[tuple, dict], device: str | None = None) -> int:
+    """The largest M with a route other than plain cuBLAS in ``table`` (on ``device``; None: any), else 0."""
+    return max((key[3] for key, route in table.items()
+                if route != CUBLAS_ROUTE and (device is None or key[0] == device)), default=0)
+
+
 # tree_kernels.linear sends 2 .. FEW_ROWS_MAX rows here, more to cuBLAS; by default up to the largest M
 # with a committed route (only those shapes and devices: elsewhere cuBLAS), else off (0): without a
 # table every shape would take FEW_ROWS_CONFIG, and the plain "rows" loop only ties cuBLAS at 17 rows
 # and is 1.2-2.3x slower at 65 and 129 (data/results/gemv-nvidia-h200-2026-12-03T20-few.json).
-FEW_ROWS_MAX = int(os.environ.get("WORKBENCH_FEW_ROWS_MAX", str(max((key[3] for key in FEW_ROWS_TUNED), default=0))))
+FEW_ROWS_MAX = int(os.environ.get("WORKBENCH_FEW_ROWS_MAX", str(routed_max_rows(FEW_ROWS_TUNED))))
 # Triton's interpreter (the CPU tests) returns garbage (~1e10) from tl.dot on bf16 operands; there
 # the operands are widened to fp32 first. On the GPU the dot takes them as they are.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -167,15 +177,16 @@ def use_few_rows(max_rows: int):
 
 def few_rows_config_for(weight: torch.Tensor, m: int) -> dict | None:
     """The config for m rows through this weight: with FEW_ROWS_TUNED empty, FEW_ROWS_CONFIG; else the
-    tuned one for this shape and the smallest swept M >= m on this device, or None (not tuned here:
-    the caller keeps cuBLAS)."""
+    route for this shape at the smallest swept M >= m on this device, or None (not swept here, or
+    cuBLAS won there: the caller keeps cuBLAS)."""
     if not FEW_ROWS_TUNED:
         return FEW_ROWS_CONFIG
     if weight.is_cuda:
         name = torch.cuda.get_device_name(weight.device)
         swept = sorted(key[3] for key in FEW_ROWS_TUNED if key[:3] == (name, *weight.shape) and key[3] >= m)
         if swept:
-            return {**FEW_ROWS_CONFIG, **FEW_ROWS_TUNED[(name, *weight.shape, swept[0])]}
+            route = FEW_ROWS_TUNED[(name, *weight.shape, swept[0])]
+            return None if route == CUBLAS_ROUTE else {**FEW_ROWS_CONFIG, **route}
     return None
 
 
@@ -203,15 +214,21 @@ def few_rows_route(row: dict) -> tuple[float | None, dict | None]:
     return (ms, config) if config is not None and ms < linear * (1 - ROUTE_MIN_GAIN) else (linear, None)
 
 
-def load_few_rows_tuned(result: dict, device: str | None = None) -> dict[tuple, dict]:
-    """FEW_ROWS_TUNED entries from a bench.gemv result's few-rows section: each (shape, M) where
-    few_rows_route found a route faster than F.linear. Returns what it added."""
+def few_rows_routes(result: dict, device: str | None = None) -> dict[tuple, dict]:
+    """The routes a bench.gemv result's few-rows section gives, keyed (device, N, K, M): for each
+    measured (shape, M), the route few_rows_route found faster than F.linear there, else CUBLAS_ROUTE."""
     device = device or result["device"]
-    added = {}
+    routes = {}
     for row in result.get("few_rows", []):
-        _, config = few_rows_route(row)
-        if config is not None:
-            added[(device, row["N"], row["K"], row["M"])] = config
+        if row.get("linear_ms"):
+            _, config = few_rows_route(row)
+            routes[(device, row["N"], row["K"], row["M"])] = dict(CUBLAS_ROUTE) if config is None else config
+    return routes
+
+
+def load_few_rows_tuned(result: dict, device: str | None = None) -> dict[tuple, dict]:
+    """Adds few_rows_routes(result, device) to FEW_ROWS_TUNED. Returns what it added."""
+    added = few_rows_routes(result, device)
     FEW_ROWS_TUNED.update(added)
     return added
 
