@@ -103,6 +103,13 @@ def test_few_rows_tuned_configs_come_from_a_bench_result_and_route_only_their_sh
         ("Dev", 8, 16, 17): {"LAYOUT": "swap", "BLOCK_N": 16}, ("Dev", 8, 16, 65): cublas,
         ("Dev", 4, 16, 17): cublas, ("Dev", 4, 16, 65): {"LAYOUT": "swap", "BLOCK_N": 64}}
     assert triton_gemv.FEW_ROWS_TUNED == {}  # few_rows_routes only reads
+    # one shape measured twice (two projections of one size): a route only where both rows chose it
+    twice = {"device": "Dev", "few_rows": [
+        dict(_few_row(1.0, ms_lt=0.9), name="gdn_out"), dict(_few_row(1.0, ms_lt=0.95), name="attn_o"),
+        dict(_few_row(1.0, ms_lt=0.9, m=17), name="gdn_out"), dict(_few_row(1.0, m=17), name="attn_o"),
+        dict(_few_row(1.0, m=33), name="gdn_out"), dict(_few_row(1.0, ms_lt=0.9, m=33), name="attn_o")]}
+    assert triton_gemv.few_rows_routes(twice) == {("Dev", 8, 16, 65): {"BACKEND": "cublaslt"},
+                                                  ("Dev", 8, 16, 17): cublas, ("Dev", 8, 16, 33): cublas}
     assert triton_gemv.load_few_rows_tuned(result) == triton_gemv.FEW_ROWS_TUNED == triton_gemv.few_rows_routes(result)
     assert triton_gemv.routed_max_rows(triton_gemv.FEW_ROWS_TUNED) == 65
     assert triton_gemv.routed_max_rows(triton_gemv.FEW_ROWS_TUNED, device="Other") == 0
@@ -319,13 +326,15 @@ def test_tuned_module_source_round_trips_through_python(tmp_path):
     from workbench.bench import gemv as bench_gemv
 
     result = {"device": "Dev", "few_rows": [dict(_few_row(1.0, ms_lt=0.9), name="mlp_down"),
-                                            dict(_few_row(1.0, ms_triton=0.5, m=17), name="gdn_in"),
+                                            dict(_few_row(1.0, ms_triton=0.5, n=6, m=17), name="gdn_in"),
                                             dict(_few_row(1.0, n=4), name="attn_o")]}
     text = bench_gemv.tuned_module_source(result, "data/results/x.json")
     namespace = {}
     exec(compile(text, "few_rows_tuned.py", "exec"), namespace)
     assert namespace["SOURCE"] == "data/results/x.json"
     assert namespace["TABLE"] == {("Dev", 8, 16, 65): {"BACKEND": "cublaslt"},
-                                  ("Dev", 8, 16, 17): {"LAYOUT": "swap_tma", "BLOCK_N": 64},
+                                  ("Dev", 6, 16, 17): {"LAYOUT": "swap_tma", "BLOCK_N": 64},
                                   ("Dev", 4, 16, 65): {"BACKEND": "cublas"}}  # swept, cuBLAS kept
     assert "# attn_o" in text and "# gdn_in" in text
+    result["few_rows"].append(dict(_few_row(1.0, n=4), name="gdn_out"))  # a second projection of attn_o's shape
+    assert "# attn_o, gdn_out" in bench_gemv.tuned_module_source(result, "data/results/x.json")

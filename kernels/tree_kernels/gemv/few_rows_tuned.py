@@ -10,10 +10,10 @@ TABLE = {
     ('NVIDIA H100 80GB HBM3', 16480, 5120, 33): {'LAYOUT': 'swap', 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'SPLIT_K': 1},  # gdn_in_qkvzba
     ('NVIDIA H100 80GB HBM3', 16480, 5120, 65): {'LAYOUT': 'swap_tma', 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'SPLIT_K': 1},  # gdn_in_qkvzba
     ('NVIDIA H100 80GB HBM3', 16480, 5120, 129): {'BACKEND': 'cublas'},  # gdn_in_qkvzba
-    ('NVIDIA H100 80GB HBM3', 5120, 6144, 17): {'BACKEND': 'cublas'},  # attn_o
-    ('NVIDIA H100 80GB HBM3', 5120, 6144, 33): {'BACKEND': 'cublas'},  # attn_o
-    ('NVIDIA H100 80GB HBM3', 5120, 6144, 65): {'BACKEND': 'cublas'},  # attn_o
-    ('NVIDIA H100 80GB HBM3', 5120, 6144, 129): {'BACKEND': 'cublaslt'},  # attn_o
+    ('NVIDIA H100 80GB HBM3', 5120, 6144, 17): {'BACKEND': 'cublas'},  # gdn_out, attn_o
+    ('NVIDIA H100 80GB HBM3', 5120, 6144, 33): {'BACKEND': 'cublas'},  # gdn_out, attn_o
+    ('NVIDIA H100 80GB HBM3', 5120, 6144, 65): {'BACKEND': 'cublas'},  # gdn_out, attn_o
+    ('NVIDIA H100 80GB HBM3', 5120, 6144, 129): {'BACKEND': 'cublas'},  # gdn_out, attn_o
     ('NVIDIA H100 80GB HBM3', 14336, 5120, 17): {'LAYOUT': 'swap_tma', 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'SPLIT_K': 1},  # attn_qgkv
     ('NVIDIA H100 80GB HBM3', 14336, 5120, 33): {'LAYOUT': 'swap_tma', 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'SPLIT_K': 1},  # attn_qgkv
     ('NVIDIA H100 80GB HBM3', 14336, 5120, 65): {'BACKEND': 'cublas'},  # attn_qgkv

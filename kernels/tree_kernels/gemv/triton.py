@@ -216,13 +216,17 @@ def few_rows_route(row: dict) -> tuple[float | None, dict | None]:
 
 def few_rows_routes(result: dict, device: str | None = None) -> dict[tuple, dict]:
     """The routes a bench.gemv result's few-rows section gives, keyed (device, N, K, M): for each
-    measured (shape, M), the route few_rows_route found faster than F.linear there, else CUBLAS_ROUTE."""
+    measured (shape, M), the route few_rows_route found faster than F.linear there, else CUBLAS_ROUTE.
+    A shape measured twice (the 27B's GDN and attention output projections are both 5120 x 6144)
+    keeps a route only where both rows chose the same one: else the two timings of one GEMM disagree
+    by more than the margin, and cuBLAS stays."""
     device = device or result["device"]
     routes = {}
     for row in result.get("few_rows", []):
         if row.get("linear_ms"):
             _, config = few_rows_route(row)
-            routes[(device, row["N"], row["K"], row["M"])] = dict(CUBLAS_ROUTE) if config is None else config
+            key, route = (device, row["N"], row["K"], row["M"]), dict(CUBLAS_ROUTE) if config is None else config
+            routes[key] = route if routes.get(key, route) == route else dict(CUBLAS_ROUTE)
     return routes
 
 
