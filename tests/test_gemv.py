@@ -274,6 +274,21 @@ def test_few_rows_route_takes_the_fastest_route_that_beats_cublas_by_the_margin(
     assert table == {("Dev", 8, 16, 65): {"BACKEND": "cublaslt"}, ("Dev", 4, 16, 65): triton_gemv.CUBLAS_ROUTE}
 
 
+def test_the_summed_verify_gemms_take_the_routes_the_table_would(monkeypatch):
+    from workbench.bench import gemv as bench_gemv
+
+    monkeypatch.setattr(triton_gemv, "FEW_ROWS_TUNED", {})
+    # two projections of one shape disagree (cuBLASLt wins on one row only): both stay on F.linear;
+    # a shape of its own takes its Triton route
+    rows = [dict(_few_row(1.0, ms_lt=0.9, ms_triton=2.0), layers=2), dict(_few_row(1.1, ms_lt=1.105), layers=3),
+            dict(_few_row(2.0, ms_lt=2.0, ms_triton=1.5, n=4), layers=1)]
+    got = bench_gemv._step_gemm_ms(rows)
+    assert got["linear"] == pytest.approx(1.0 * 2 + 1.1 * 3 + 2.0)
+    assert got["tuned_routes"] == pytest.approx(1.0 * 2 + 1.1 * 3 + 1.5)
+    rows[1] = dict(_few_row(1.1, ms_lt=0.95), layers=3)  # now both rows pick cuBLASLt
+    assert bench_gemv._step_gemm_ms(rows)["tuned_routes"] == pytest.approx(0.9 * 2 + 0.95 * 3 + 1.5)
+
+
 def test_linear_sends_a_cublaslt_route_through_cublaslt(monkeypatch):
     calls = []
     monkeypatch.setattr(triton_gemv, "FEW_ROWS_MAX", 64)

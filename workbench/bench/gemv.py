@@ -227,9 +227,20 @@ def _step_gemm_ms(rows: list[dict]) -> dict:
         from tree_kernels.gemv import triton as tg
 
         out["best_cublas_layout"] = sum(s["best_cublas"]["ms"] * s["layers"] for s in mine)
-        # what tree_kernels.linear does with this result loaded as its tuned table
-        out["tuned_routes"] = sum(tg.few_rows_route(s)[0] * s["layers"] for s in mine)
+        # what tree_kernels.linear does with this result loaded as its tuned table (few_rows_routes:
+        # one route per shape and M, also where two projections share a shape)
+        routes = tg.few_rows_routes({"device": "", "few_rows": mine})
+        out["tuned_routes"] = sum(_route_ms(s, routes[("", s["N"], s["K"], s["M"])]) * s["layers"] for s in mine)
     return out
+
+
+def _route_ms(row: dict, route: dict) -> float:
+    """One few-rows row's time through ``route`` (as few_rows_routes chose it for the row's shape and M)."""
+    if route.get("BACKEND") == "cublas":
+        return row["linear_ms"]
+    if route.get("BACKEND") == "cublaslt":
+        return next(r["ms"] for r in row["rows"] if r.get("variant") == "linear_cublaslt")
+    return row["best_triton"]["ms"]
 
 
 TUNED_MODULE = Path(__file__).resolve().parents[2] / "kernels" / "tree_kernels" / "gemv" / "few_rows_tuned.py"
