@@ -326,13 +326,14 @@ def test_the_committed_few_rows_routes_are_what_their_source_result_gives():
     from tree_kernels.gemv import few_rows_tuned
     from workbench.bench import gemv as bench_gemv
 
-    if few_rows_tuned.SOURCE is None:
+    if not few_rows_tuned.SOURCES:
         assert few_rows_tuned.TABLE == {}
         return
-    src = Path(__file__).resolve().parents[1] / few_rows_tuned.SOURCE
-    result = json.loads(src.read_text())
-    assert bench_gemv.TUNED_MODULE.read_text() == bench_gemv.tuned_module_source(result, few_rows_tuned.SOURCE)
-    assert few_rows_tuned.TABLE and all(key[0] == result["device"] for key in few_rows_tuned.TABLE)
+    root = Path(__file__).resolve().parents[1]
+    results = [(src, json.loads((root / src).read_text())) for src in few_rows_tuned.SOURCES]
+    assert bench_gemv.TUNED_MODULE.read_text() == bench_gemv.tuned_module_source(results)
+    devices = {result["device"] for _, result in results}
+    assert few_rows_tuned.TABLE and all(key[0] in devices for key in few_rows_tuned.TABLE)
     # and they are the default routes, for those rows only
     assert triton_gemv.FEW_ROWS_TUNED == few_rows_tuned.TABLE
 
@@ -343,13 +344,19 @@ def test_tuned_module_source_round_trips_through_python(tmp_path):
     result = {"device": "Dev", "few_rows": [dict(_few_row(1.0, ms_lt=0.9), name="mlp_down"),
                                             dict(_few_row(1.0, ms_triton=0.5, n=6, m=17), name="gdn_in"),
                                             dict(_few_row(1.0, n=4), name="attn_o")]}
-    text = bench_gemv.tuned_module_source(result, "data/results/x.json")
+    other = {"device": "Dev2", "few_rows": [dict(_few_row(1.0, ms_triton=0.5), name="mlp_down")]}
+    text = bench_gemv.tuned_module_source([("data/results/x.json", result), ("data/results/y.json", other)])
     namespace = {}
     exec(compile(text, "few_rows_tuned.py", "exec"), namespace)
-    assert namespace["SOURCE"] == "data/results/x.json"
+    assert namespace["SOURCES"] == ("data/results/x.json", "data/results/y.json")
+    assert namespace["TABLE"].pop(("Dev2", 8, 16, 65)) == {"LAYOUT": "swap_tma", "BLOCK_N": 64}
     assert namespace["TABLE"] == {("Dev", 8, 16, 65): {"BACKEND": "cublaslt"},
                                   ("Dev", 6, 16, 17): {"LAYOUT": "swap_tma", "BLOCK_N": 64},
                                   ("Dev", 4, 16, 65): {"BACKEND": "cublas"}}  # swept, cuBLAS kept
     assert "# attn_o" in text and "# gdn_in" in text
     result["few_rows"].append(dict(_few_row(1.0, n=4), name="gdn_out"))  # a second projection of attn_o's shape
-    assert "# attn_o, gdn_out" in bench_gemv.tuned_module_source(result, "data/results/x.json")
+    assert "# attn_o, gdn_out" in bench_gemv.tuned_module_source([("x.json", result)])
+    with pytest.raises(ValueError, match="repeats a device"):
+        bench_gemv.tuned_module_source([("x.json", result), ("z.json", result)])
+    with pytest.raises(ValueError, match="z.json: no few_rows section"):
+        bench_gemv.tuned_module_source([("x.json", result), ("z.json", {"device": "Dev3"})])
