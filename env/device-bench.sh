@@ -3,8 +3,8 @@
 # network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all|few-rows  [OUT dir]
 # kernels ~3-5 min, pairs ~4 min, 27b ~2.5 min on an H200 (2026-12-03); results are JSON under OUT
 # (default $OUT or out/device). Copy them to data/results/ as e2e-<device>-<date>[-27b|-fp32].json
-# (the figure, projection and --budget auto readers take the newest bf16 file that has their
-# part), then here: python -m workbench.bench.project / .figures.
+# (the figure and projection readers take the newest bf16 H200 file that has their part, --device
+# for another card; --budget auto the newest of this card), then here: python -m workbench.bench.project / .figures.
 set -euo pipefail
 part="${1:-all}"
 out="${2:-${OUT:-out/device}}"
