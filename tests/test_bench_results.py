@@ -34,6 +34,7 @@ def test_a_later_run_on_another_card_does_not_replace_the_reported_one(tmp_path)
     assert newest_e2e_with("qwen36_27b_dims", tmp_path) == h200
     assert newest_e2e_with("qwen36_27b_dims", tmp_path, device="h100") == h100
     assert newest_e2e_with("qwen36_27b_dims", tmp_path, device=None) == h100
+    assert newest_e2e_with("qwen36_27b_dims", tmp_path, device="any") == h100  # the scripts' --device any
     with pytest.raises(FileNotFoundError, match="on a device named like 'B200'"):
         newest_e2e_with("qwen36_27b_dims", tmp_path, device="B200")
 

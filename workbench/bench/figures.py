@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         paths = []
         for part in ("pairs", "qwen36_27b_dims"):
             try:
-                paths.append(newest_e2e_with(part, RESULTS, device=None if args.device == "any" else args.device))
+                paths.append(newest_e2e_with(part, RESULTS, device=args.device))
             except FileNotFoundError:
                 pass
         if not paths:

@@ -235,12 +235,12 @@ def _step_gemm_ms(rows: list[dict]) -> dict:
 
 
 def _route_ms(row: dict, route: dict) -> float:
-    """One few-rows row's time through ``route`` (as few_rows_routes chose it for the row's shape and M)."""
-    if route.get("BACKEND") == "cublas":
-        return row["linear_ms"]
-    if route.get("BACKEND") == "cublaslt":
-        return next(r["ms"] for r in row["rows"] if r.get("variant") == "linear_cublaslt")
-    return row["best_triton"]["ms"]
+    """One few-rows row's time through ``route`` (as few_rows_routes chose it for the row's shape and M):
+    the row's own best route where the table kept it, else F.linear."""
+    from tree_kernels.gemv import triton as tg
+
+    ms, own = tg.few_rows_route(row)
+    return ms if (own or tg.CUBLAS_ROUTE) == route else row["linear_ms"]
 
 
 TUNED_MODULE = Path(__file__).resolve().parents[2] / "kernels" / "tree_kernels" / "gemv" / "few_rows_tuned.py"

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         e2e_path = Path(args.e2e) if args.e2e else newest_e2e_with(
-            "qwen36_27b_dims", RESULTS, device=None if args.device == "any" else args.device)
+            "qwen36_27b_dims", RESULTS, device=args.device)
         acc_path = Path(args.acceptance)
         for path in (e2e_path, acc_path):
             if not path.is_file():

@@ -41,8 +41,8 @@ def e2e_results(results: Path = RESULTS):
 
 def on_device(result: dict, device: str | None) -> bool:
     """Whether ``result`` was measured on ``device`` (a case-insensitive part of its recorded device
-    name, "H200" or "H100 80GB"); None takes any."""
-    return device is None or device.lower() in str(result.get("device", "")).lower()
+    name, "H200" or "H100 80GB"); None or "any" takes any."""
+    return device in (None, "any") or device.lower() in str(result.get("device", "")).lower()
 
 
 def newest_e2e_with(part: str, results: Path = RESULTS, dtype: str | None = "bfloat16",
@@ -50,12 +50,12 @@ def newest_e2e_with(part: str, results: Path = RESULTS, dtype: str | None = "bfl
     """The newest e2e result that has ``part``.
 
     ``dtype`` keeps to runs in that precision (the fp32 exactness runs are not the speed figures);
-    ``device`` to runs on that card (see ``on_device``); None takes any.
+    ``device`` to runs on that card (see ``on_device``); None or "any" takes any.
     """
     matching = [path for path, result in e2e_results(results)
                 if has_part(result, part) and on_device(result, device)
                 and (dtype is None or result.get("settings", {}).get("dtype") == dtype)]
     if not matching:
         raise FileNotFoundError(f"no e2e-*.json under {results} has a {part} part" + (f" in {dtype}" if dtype else "")
-                                + (f" on a device named like {device!r}" if device else ""))
+                                + (f" on a device named like {device!r}" if device not in (None, "any") else ""))
     return matching[-1]
