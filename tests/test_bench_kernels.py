@@ -32,3 +32,11 @@ def test_decode_step_ratio():
     out = ratios({"decode_gdn": dg})
     assert out["decode_gdn_fork_plus_commit_over_decode_step"] == 4.0
 
+
+
+def test_doubling_sweep_ratio_takes_the_best_timed_config():
+    gs = {"triton_fork_ms": 0.05, "doubling_sweep": [{"BS": 32, "cold_graph_ms": 0.04}, {"BS": 32, "error": "OutOfResources"},
+                                                     {"BS": 16, "cold_graph_ms": 0.06}]}
+    out = ratios({"gdn": {"65": gs}})
+    assert out["gdn_doubling_best_over_default_65"] == 0.8
+    assert "gdn_doubling_best_over_default_33" not in out

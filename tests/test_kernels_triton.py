@@ -288,6 +288,26 @@ def test_gdn_precomputed_off_diagonal_blocks_equal_the_solve(n):
     check_gdn(tree, (3, 3, 12, 20), seed=n + 1, config=dict(base, PRE_OFFDIAG=True, ROOT_PEEL=False))
 
 
+@pytest.mark.parametrize("n,bs", [(33, 16), (65, 32), (100, 32)])
+def test_gdn_prepare_doubling_inverse_equals_forward_substitution(n, bs):
+    """PREP_DOUBLING: the prepare launch inverts each diagonal block by recursive doubling (dots
+    only) instead of forward substitution, so blocks of 32 rows are affordable; same result as the
+    forward-substitution prepare and the reference, peeled and not."""
+    tree = random_tree(n, 8, seed=n + 7, shape="mixed")
+    base = {"BS": bs, "BV": 16, "PRE_INVERSE": True, "PRE_OFFDIAG": True}
+    for peel in (False, True):
+        o_dbl, st_dbl = check_gdn(tree, (1, 3, 8, 12), seed=n, config=dict(base, PREP_DOUBLING=True, ROOT_PEEL=peel))
+        o_fs, st_fs = check_gdn(tree, (1, 3, 8, 12), seed=n, config=dict(base, ROOT_PEEL=peel))
+        assert maxdiff(o_dbl, o_fs) < 1e-5 and maxdiff(st_dbl.u, st_fs.u) < 1e-5
+
+
+def test_gdn_blocked_solve_refuses_a_block_size_that_is_not_a_power_of_two():
+    tree = random_tree(20, 4, seed=3)
+    q, k, v, gate, beta, s0 = gdn_inputs(20, 1, 3, 8, 12, seed=3)
+    with pytest.raises(ValueError, match="BS=24"):
+        gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, compile_tree(tree, 0).anc, config={"BS": 24, "PRE_INVERSE": True})
+
+
 def _forest_anc(trees):
     """Block-diagonal ancestor mask of several trees side by side: node 0 is not everyone's ancestor."""
     ancs = [compile_tree(t, 0).anc for t in trees]

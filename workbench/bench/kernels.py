@@ -314,6 +314,28 @@ def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
         for pw in (2, 4):
             cfg_pw = dict(tg.blocked_config(t, GDN["dv"]), prep_warps=pw)
             timed(f"triton_fork_prep_warps{pw}_ms", row, lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg_pw), rep, graph=True)
+    if t > 17:
+        # diagonal blocks inverted by recursive doubling in the prepare launch (dots, no row chain),
+        # which makes 32-row blocks affordable: half the serial solve steps of BS 16
+        row["doubling_sweep"] = []
+        base = dict(tg.blocked_config(t, GDN["dv"]), PREP_DOUBLING=True)
+        variants = [dict(BS=16, ROOT_PEEL=False), dict(BS=32, ROOT_PEEL=False), dict(BS=32, ROOT_PEEL=True)]
+        variants += [dict(BS=32, ROOT_PEEL=peel, **extra) for peel in (False, True)
+                     for extra in (dict(BV=64), dict(num_warps=8), dict(prep_warps=4), dict(BV=64, num_warps=8), dict(BV=16))]
+        for var in variants:
+            cfg = dict(base, **var)
+            rec = dict(cfg)
+            try:
+                fn = lambda: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg)  # noqa: E731
+                o2, _ = fn()
+                if out_of_resources(("gdn_fork", GDN["dk"], GDN["dv"], str(dev)), cfg):
+                    raise RuntimeError("OutOfResources (the wrapper fell back to a smaller config)")
+                rec["max_abs_vs_fp32_ref"] = (o2 - o_ref).abs().max().item()
+                rec["cold_graph_ms"] = cold_graph_ms(fn, 20)
+            except Exception as exc:
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            row["doubling_sweep"].append(rec)
+            log(f"    doubling {rec}")
     timed("triton_commit_ms", row, lambda: tg.tree_gdn_commit(st, s0, path_t), rep, graph=True)
     if sweep and t == 64:
         row["sweep"] = []
@@ -860,6 +882,10 @@ def ratios(result: dict) -> dict:
     for size in ("257",):  # above 144 nodes the default leaves the off-diagonal blocks in the chain
         gs = result.get("gdn", {}).get(size, {})
         out[f"gdn_offdiag_over_default_{size}"] = r(best_ms(gs, "triton_fork_offdiag_ms"), best_ms(gs, "triton_fork_ms"))
+    for size, gs in result.get("gdn", {}).items():  # the best doubling-prepare config against the default
+        timed_ok = [rec["cold_graph_ms"] for rec in gs.get("doubling_sweep", []) if isinstance(rec.get("cold_graph_ms"), (int, float))]
+        if timed_ok:
+            out[f"gdn_doubling_best_over_default_{size}"] = r(min(timed_ok), best_ms(gs, "triton_fork_ms"))
     out["gdn_fla_chunk_over_triton"] = r(best_ms(g, "fla_chunk_ms"), tg_)
     out["gdn_fla_fused_recurrent_over_triton"] = r(best_ms(g, "fla_fused_recurrent_ms"), tg_)
     out["gdn_slot_copy_over_triton"] = r(best_ms(g, "slot_copy_ms"), tg_)

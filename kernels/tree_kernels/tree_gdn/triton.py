@@ -118,7 +118,7 @@ def _gdn_prepare_kernel(
     T, R, HV, nb, scale,
     sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, PEEL: tl.constexpr,
-    OFF: tl.constexpr,
+    OFF: tl.constexpr, DOUBLING: tl.constexpr, LOG2BS: tl.constexpr,
 ):
     """Everything of the solve that depends only on k, g and beta, off the serial u recursion:
     program (b, c, value head). c == b: the block's path-summed gates, the inverse of its
@@ -153,7 +153,10 @@ def _gdn_prepare_kernel(
         dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
         strict = a & (ar[:, None] != ar[None, :])
         Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, tl.trans(kb), input_precision=PREC), 0.0)
-        inv = _unit_lower_inverse(Lbb, BS)
+        if DOUBLING:  # dots only: no per-row reductions, so a 32-row block costs log2(32) levels, not 31 steps
+            inv = _unit_lower_inverse_doubling(Lbb, BS, LOG2BS, PREC)
+        else:
+            inv = _unit_lower_inverse(Lbb, BS)
         tl.store(Inv + ((b * HV + j) * BS + ar[:, None]) * BS + ar[None, :], inv)
         if OFF:
             qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
@@ -614,6 +617,8 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
     if config and config.get("DENSE") and not cfg.get("BN"):
         # asked for where the default is blocked: the dense defaults for the smallest block that holds it
         cfg = dict(dense_config(max(16, next_pow2(t - 1 if rooted else t)), dv), **config)
+    if not cfg.get("DENSE") and (cfg.get("BS", 16) < 16 or cfg.get("BS", 16) & (cfg.get("BS", 16) - 1)):
+        raise ValueError(f"tree_gdn_fork: block size BS={cfg.get('BS')} must be a power of two of at least 16")
     if cfg.get("DENSE"):
         if cfg["BN"] > DENSE_LARGEST:
             raise ValueError(f"tree_gdn_fork: DENSE block BN={cfg['BN']} is larger than the {DENSE_LARGEST} "
@@ -669,7 +674,8 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
                 q, k, g, beta, a8, sg, inv, off_l, off_m, t, hv // h, hv, nb, scale,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
                 beta.stride(0), beta.stride(1), a8.stride(0),
-                DK=dk, BK=bk, BS=bs, PREC=prec, PEEL=peel, OFF=off, num_warps=c.get("prep_warps", 1),
+                DK=dk, BK=bk, BS=bs, PREC=prec, PEEL=peel, OFF=off, DOUBLING=bool(c.get("PREP_DOUBLING", False)),
+                LOG2BS=bs.bit_length() - 1, num_warps=c.get("prep_warps", 1),
             )
         _gdn_fork_kernel[(hv, triton.cdiv(dv, bv))](
             q, k, v, g, beta, state, a8, inv, off_l, off_m, o, sk, su, sg,
