@@ -1,6 +1,6 @@
 """bench.kernels' ratio table from a result dict (the GPU measurements themselves run on the device)."""
 
-from workbench.bench.kernels import best_ms, ratios
+from workbench.bench.kernels import best_ms, out_of_resources, ratios
 
 
 def test_best_ms_prefers_the_cold_graph_time():
@@ -33,10 +33,46 @@ def test_decode_step_ratio():
     assert out["decode_gdn_fork_plus_commit_over_decode_step"] == 4.0
 
 
-
 def test_doubling_sweep_ratio_takes_the_best_timed_config():
     gs = {"triton_fork_ms": 0.05, "doubling_sweep": [{"BS": 32, "cold_graph_ms": 0.04}, {"BS": 32, "error": "OutOfResources"},
                                                      {"BS": 16, "cold_graph_ms": 0.06}]}
     out = ratios({"gdn": {"65": gs}})
     assert out["gdn_doubling_best_over_default_65"] == 0.8
     assert "gdn_doubling_best_over_default_33" not in out
+
+
+def test_out_of_resources_matches_the_merged_config_the_wrapper_recorded(monkeypatch):
+    """The wrapper records the config it merged with its defaults, keyed by the tensors' device
+    ("cuda:0"); a sweep asks with the items it set and "cuda". A config that was not dropped, or
+    one of another kernel shape, does not match."""
+    from tree_kernels import _triton_common
+
+    failed = {(("gdn_fork", 128, 128, "cuda:0"), tuple(sorted({"BS": 32, "BV": 64, "num_warps": 8, "PRE_INVERSE": True}.items())))}
+    monkeypatch.setattr(_triton_common, "_FAILED_CONFIGS", failed)
+    assert out_of_resources(("gdn_fork", 128, 128, "cuda"), {"BS": 32, "BV": 64})
+    assert out_of_resources(("gdn_fork", 128, 128, "cuda:0"), {"BS": 32, "BV": 64, "num_warps": 8})
+    assert not out_of_resources(("gdn_fork", 128, 128, "cuda"), {"BS": 32, "BV": 32})
+    assert not out_of_resources(("gdn_fork", 128, 64, "cuda"), {"BS": 32, "BV": 64})
+    assert not out_of_resources(("attention", 128, 128, "cuda"), {"BS": 32, "BV": 64})
+
+
+def test_sweep_gdn_configs_records_the_error_a_dropped_config_and_a_failure(monkeypatch):
+    import torch
+    from tree_kernels import _triton_common
+
+    from workbench.bench.kernels import GDN, sweep_gdn_configs
+
+    dropped = {"BS": 32, "BV": 64}
+    monkeypatch.setattr(_triton_common, "_FAILED_CONFIGS",
+                        {(("gdn_fork", GDN["dk"], GDN["dv"], "cpu"), tuple(sorted(dict(dropped, num_warps=4).items())))})
+    reference = torch.zeros(3)
+
+    def call(cfg):
+        if cfg["BV"] == 128:
+            raise ValueError("BV=128 refused")
+        return torch.full((3,), float(cfg["BV"]) * 1e-3), None
+
+    recs = sweep_gdn_configs("test", [{"BS": 16, "BV": 32}, dropped, {"BS": 16, "BV": 128}], call, reference, "max_abs")
+    assert abs(recs[0]["max_abs"] - 0.032) < 1e-6  # measured before the cold-graph timing (a GPU's; it fails here)
+    assert "OutOfResources" in recs[1]["error"] and "max_abs" not in recs[1]
+    assert recs[2]["error"] == "ValueError: BV=128 refused"
