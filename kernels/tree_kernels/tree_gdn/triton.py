@@ -617,8 +617,9 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
     if config and config.get("DENSE") and not cfg.get("BN"):
         # asked for where the default is blocked: the dense defaults for the smallest block that holds it
         cfg = dict(dense_config(max(16, next_pow2(t - 1 if rooted else t)), dv), **config)
-    if not cfg.get("DENSE") and (cfg.get("BS", 16) < 16 or cfg.get("BS", 16) & (cfg.get("BS", 16) - 1)):
-        raise ValueError(f"tree_gdn_fork: block size BS={cfg.get('BS')} must be a power of two of at least 16")
+    bs_asked = cfg.get("BS", 16)
+    if not cfg.get("DENSE") and (bs_asked < 16 or bs_asked & (bs_asked - 1)):
+        raise ValueError(f"tree_gdn_fork: block size BS={bs_asked} must be a power of two of at least 16")
     if cfg.get("DENSE"):
         if cfg["BN"] > DENSE_LARGEST:
             raise ValueError(f"tree_gdn_fork: DENSE block BN={cfg['BN']} is larger than the {DENSE_LARGEST} "
