@@ -858,6 +858,33 @@ def test_kv_write_static_puts_the_rows_at_the_device_offset(t, dtype):
         kv_tr.kv_write_static(got_k, got_v, start, k[:, :2], v)
 
 
+@pytest.mark.parametrize("count, dtype", [(1, torch.bfloat16), (4, torch.float32), (6, torch.bfloat16)])
+def test_kv_commit_static_moves_the_accepted_rows_down_in_one_launch(count, dtype):
+    """The commit after the walk: rows start + path[i] land at start + i for the first ``count``
+    slots. The path's rows overlap their targets (slot 1 reads row start + 2 while slot 2 writes
+    it), so a version that wrote before reading everything would show here; the padded slots
+    past ``count`` (junk indices) move nothing, and the Triton kernel equals the reference."""
+    from tree_kernels.kv_write import naive as kv_naive
+    from tree_kernels.kv_write import triton as kv_tr
+
+    g = torch.Generator().manual_seed(count)
+    hkv, d, cap, start = 3, 20, 40, 11
+    kb, vb = torch.randn(cap, hkv, d, generator=g).to(dtype), torch.randn(cap, hkv, d, generator=g).to(dtype)
+    path = torch.tensor([0, 2, 3, 5, 9, 10, 7, 7])  # slots past count: junk the walk leaves there
+    want_k, want_v = kb.clone(), vb.clone()
+    rows = start + path[:count]
+    want_k[start : start + count] = kb[rows]
+    want_v[start : start + count] = vb[rows]
+    for impl, kw in ((kv_naive, {}), (kv_tr, {"block": 16}), (kv_tr, {})):  # several column chunks, then the default
+        got_k, got_v = kb.clone(), vb.clone()
+        impl.kv_commit_static(got_k, got_v, torch.tensor(start), path, torch.tensor(count), **kw)
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v), (impl.__name__, kw)
+    with pytest.raises(ValueError, match="path must be 1-D"):
+        kv_tr.kv_commit_static(got_k, got_v, torch.tensor(start), path[None], torch.tensor(count))
+    with pytest.raises(ValueError, match="must be equal"):
+        kv_tr.kv_commit_static(got_k, got_v[:, :2], torch.tensor(start), path, torch.tensor(count))
+
+
 def test_gdn_dense_kernel_refuses_a_block_beyond_its_largest():
     from tree_kernels.tree_gdn import triton as tg
 

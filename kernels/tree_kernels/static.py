@@ -38,6 +38,17 @@ def kv_write_static(k_buf, v_buf, start, k, v) -> None:
     return naive.kv_write_static(k_buf, v_buf, start, k, v)
 
 
+def kv_commit_static(k_buf, v_buf, start, path, count) -> None:
+    """After the walk: rows start + path[i] to start + i for the first ``count`` slots, in place."""
+    if use_triton(k_buf) and k_buf.dtype in _TRITON_FLOATS and k_buf.is_contiguous() and v_buf.is_contiguous():
+        from .kv_write import triton as impl
+
+        return impl.kv_commit_static(k_buf, v_buf, start, path, count)
+    from .kv_write import naive
+
+    return naive.kv_commit_static(k_buf, v_buf, start, path, count)
+
+
 def tree_attention_static(q, k_all, v_all, anc, prefix_t, scale=None, positions=None, window=None):
     """tree_attention over the full cache buffers [capacity, Hkv, D], masked by the device prefix length."""
     if use_triton(q) and q.dtype in _TRITON_FLOATS and q.shape[-1] <= 256:

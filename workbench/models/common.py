@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 import tree_kernels as tk
 from torch import nn
-from tree_kernels.static import kv_write_static, tree_attention_static
+from tree_kernels.static import kv_commit_static, kv_write_static, tree_attention_static
 
 from ..tree import CompiledTree, compile_chain
 from .config import TargetConfig
@@ -319,11 +319,9 @@ class KVCache:
         return self.k, self.v
 
     def commit_static(self, start: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
-        """Fast path: move the (padded) path's rows after the prefix; rows past ``count`` are scratch."""
-        src = start + path
-        dst = start + torch.arange(path.shape[0], device=path.device)
-        self.k.index_copy_(0, dst, self.k[src])
-        self.v.index_copy_(0, dst, self.v[src])
+        """Fast path: move the first ``count`` rows of the (padded) path after the prefix (one
+        launch on the Triton route)."""
+        kv_commit_static(self.k, self.v, start, path, count)
 
     def commit(self, path: torch.Tensor) -> None:
         """Keep the accepted rows, contiguous after the prefix."""
