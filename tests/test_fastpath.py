@@ -299,3 +299,42 @@ def test_the_ar_step_commits_in_the_forward_with_the_same_tokens_and_caches():
         tree_recurrence("fork", q[:1], k[:1], v[:1], gate[:1], beta[:1], S0, replace(compile_chain([5], 0), commit_in_forward=True))
     with pytest.raises(ValueError, match="one-node trees.*'paths'"):
         tree_conv("paths", torch.randn(1, 6), torch.randn(6, 3), torch.randn(6, 4), None, replace(compile_chain([5], 0), commit_in_forward=True))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_stacked_recurrent_commit_gives_the_tokens_of_the_per_layer_commits(backend, monkeypatch):
+    """The fast path commits every GDN layer's state and conv window in two launches
+    (RecurrentStack) when each layer's fork wrote into the stack: the same tokens and accepted
+    paths as the per-layer commits (use_stacked_commit(False)) and the reference engine, every
+    DDTree round through the stacked commit (counted), the AR rounds (commit in the forward) never."""
+    import tree_kernels as tk
+    from workbench.models import qwen3_5
+
+    target = random_target("hybrid", seed=5, vocab_size=200, eos_token_id=None)
+    prompt = [3, 9, 27, 81, 11]
+    with tk.use_backend("torch"):
+        ref_seq = prompt + generate(target, prompt, GenerationConfig(method="ar", max_new_tokens=24, trace_topk=0)).generated_ids
+    drafter = OracleDrafter(ref_seq, 200, OracleSpec(p=0.5, rank=1, block=6, seed=2))
+    calls = []
+    real = static_kernels.tree_gdn_commit_layers_static
+    monkeypatch.setattr(static_kernels, "tree_gdn_commit_layers_static", lambda *a: calls.append(1) or real(*a))
+    runs = {}
+    for stacked in (True, False):
+        for method in ("ddtree", "ar"):
+            cfg = GenerationConfig(method=method, budget=10, max_new_tokens=14, trace_topk=0, draft_trace_k=0)
+            calls.clear()
+            with torch.no_grad(), tk.use_backend(backend), qwen3_5.use_stacked_commit(stacked):
+                engine = FastEngine(target, drafter, cfg, max_len=48, use_graphs=False)
+                trace = engine.generate(prompt)
+            gdn_layers = sum(isinstance(c, qwen3_5.RecurrentCache) for c in engine.cache.layers)
+            assert len(engine.cache.shared) == (1 if stacked else 0) and gdn_layers >= 2
+            if stacked:
+                assert len(engine.cache.shared[0].members) == gdn_layers
+            if stacked and method == "ddtree":  # (one round more may run: the device is kept a round ahead)
+                assert len(trace.rounds) <= len(calls) <= len(trace.rounds) + 1
+            else:
+                assert not calls, (stacked, method)
+            runs[stacked, method] = trace
+            assert trace.generated_ids == ref_seq[len(prompt) : len(prompt) + 14], (stacked, method)
+    assert [r.accepted for r in runs[True, "ddtree"].rounds] == [r.accepted for r in runs[False, "ddtree"].rounds]
+    assert any(r.through_sibling for r in runs[True, "ddtree"].rounds)

@@ -755,6 +755,77 @@ def test_commits_in_place_equal_the_out_of_place_commits():
             assert got is buf and torch.equal(buf, want), (node, flat, width)
 
 
+@pytest.mark.parametrize("node", [0, 17, 29])
+def test_stacked_commits_of_every_layer_equal_the_per_layer_commits(node):
+    """RecurrentStack's commit: the GDN states and conv windows of L layers, each with its own
+    stash / inputs, committed in one launch each (in place), equal each layer committed alone;
+    the torch route (a loop over layers) equals them too. Layers differ, so a kernel reading
+    layer 0's stash for every layer, or writing every result into layer 0, fails here."""
+    from tree_kernels import static as st
+
+    g = torch.Generator().manual_seed(node + 3)
+    tree = random_tree(30, 7, seed=8)
+    c = compile_tree(tree, 0)
+    n_layers, hv = 3, 6
+    stashes, states, xs, convs = [], [], [], []
+    for _ in range(n_layers):
+        qq, kk = torch.nn.functional.normalize(torch.randn(2, 30, 2, 16, generator=g), dim=-1)
+        v = torch.randn(30, hv, 24, generator=g)
+        gate, beta = -torch.rand(30, hv, generator=g), torch.rand(30, hv, generator=g)
+        S0 = torch.randn(hv, 16, 24, generator=g)
+        stashes.append(gdn_naive.tree_gdn_fork(qq, kk, v, gate, beta, S0, c.anc)[1])
+        states.append(S0)
+        xs.append(torch.randn(30, 40, generator=g))
+        convs.append(torch.randn(40, 3, generator=g))
+    path = tree.path_to(node)
+    padded, count = torch.tensor(path + [5] * (8 - len(path))), torch.tensor(len(path))
+    want_s = torch.stack([gdn_naive.tree_gdn_commit(stashes[i], states[i], path) for i in range(n_layers)])
+    want_c = torch.stack([conv_naive.tree_conv_commit(xs[i], convs[i], path) for i in range(n_layers)])
+    stacked = gdn_naive.TreeGDNStash(k=torch.stack([s.k for s in stashes]), u=torch.stack([s.u for s in stashes]),
+                                     G=torch.stack([s.G for s in stashes]))
+    for backend in ("triton", "torch"):
+        s_buf, c_buf = torch.stack(states), torch.stack(convs)
+        with tk.use_backend(backend):
+            assert st.tree_gdn_commit_layers_static(stacked, s_buf, padded, count) is s_buf
+            assert st.conv_commit_layers_static(torch.stack(xs), c_buf, padded, count) is c_buf
+        assert (s_buf - want_s).abs().max() < 1e-4, backend
+        assert torch.equal(c_buf, want_c), backend
+    with pytest.raises(ValueError, match="states must be contiguous fp32"):
+        gdn_tr.tree_gdn_commit_layers(stacked, torch.stack(states)[:2], padded, count)
+    with pytest.raises(ValueError, match="conv states must be contiguous"):
+        conv_tr.tree_conv_commit_layers(torch.stack(xs), torch.stack(convs)[:, :7], padded, count)
+
+
+def test_fork_and_conv_write_into_given_buffers():
+    """The stacked commit's inputs: the fork writes its stash into ``stash_out`` (a layer's slice
+    of stacked buffers) and the tree conv also stores its inputs in ``x_out``, on both routes,
+    with the same outputs as without; buffers of the wrong shape are refused by name."""
+    tree = random_tree(21, 5, seed=4)
+    c = compile_tree(tree, 0)
+    q, k, v, gate, beta, s0 = gdn_inputs(21, 1, 3, 8, 12, seed=5)
+    g = torch.Generator().manual_seed(1)
+    x, conv_state, w = torch.randn(21, 37, generator=g), torch.randn(37, 3, generator=g), torch.randn(37, 4, generator=g)
+    for backend in ("triton", "torch"):
+        with tk.use_backend(backend):
+            o_ref, stash_ref = tk.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
+            big = gdn_naive.TreeGDNStash(k=torch.zeros(2, 21, 3, 8), u=torch.zeros(2, 21, 3, 12), G=torch.zeros(2, 21, 3))
+            out = gdn_naive.TreeGDNStash(k=big.k[1], u=big.u[1], G=big.G[1])
+            o, stash = tk.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, stash_out=out)
+            assert stash.k is out.k and stash.u is out.u and stash.G is out.G
+            assert torch.equal(o, o_ref), backend
+            for name in ("k", "u", "G"):
+                assert torch.equal(getattr(out, name), getattr(stash_ref, name)), (backend, name)
+            assert not big.k[0].any()  # the other layer's slice untouched
+            with pytest.raises(ValueError, match="stash_out.u must be"):
+                tk.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, stash_out=gdn_naive.TreeGDNStash(k=out.k, u=out.k, G=out.G))
+            y_ref = tk.tree_conv1d(x, conv_state, w, None, c.conv_table(4))
+            keep = torch.zeros(2, 21, 37)
+            y = tk.tree_conv1d(x, conv_state, w, None, c.conv_table(4), x_out=keep[0])
+            assert torch.equal(y, y_ref) and torch.equal(keep[0], x) and not keep[1].any(), backend
+            with pytest.raises(ValueError, match="x_out must be"):
+                tk.tree_conv1d(x, conv_state, w, None, c.conv_table(4), x_out=keep[0, :5])
+
+
 @pytest.mark.parametrize("h, r, dk, dv, dtype", [(2, 1, 16, 32, torch.float32), (2, 3, 24, 40, torch.float32),
                                                   (1, 4, 32, 64, torch.bfloat16)])
 def test_gdn_decode_step_equals_the_reference_and_a_one_node_fork_then_commit(h, r, dk, dv, dtype):

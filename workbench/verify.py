@@ -153,8 +153,17 @@ class _StatesPending(PendingRecurrence):
         return self.states
 
 
-def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=None):
-    """Gated delta rule over the tree's nodes in the given mode. Returns (o fp32, pending)."""
+def pending_uses_stash(pending: PendingRecurrence | None, stash: gdn_naive.TreeGDNStash) -> bool:
+    """Whether a fork's pending commit reads exactly ``stash`` (the buffers it was asked to write)."""
+    return (isinstance(pending, _StashPending) and not pending.flat and len(pending.stashes) == 1
+            and pending.stashes[0].k is stash.k and pending.stashes[0].u is stash.u and pending.stashes[0].G is stash.G)
+
+
+def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=None, stash_out=None):
+    """Gated delta rule over the tree's nodes in the given mode. Returns (o fp32, pending).
+
+    ``stash_out``: buffers a single-stash fork writes its stash into (RecurrentStack); the other
+    routes ignore it (``pending_uses_stash`` tells which happened)."""
     if tree.commit_in_forward:  # that step takes its gates in the same launch: gdn_decode_in_place
         raise ValueError("a commit_in_forward tree goes through gdn_decode_in_place (raw q, k, b, a), not tree_recurrence")
     if mode == "paths":
@@ -184,7 +193,8 @@ def tree_recurrence(mode, q, k, v, g, beta, state, tree: CompiledTree, scale=Non
             s = tk.tree_gdn_commit(stash, s, torch.arange(hi - lo, device=v.device))
         return torch.cat(outs), _StashPending(stashes, start_states, starts, anc, True)
     # the flattened order is a chain: rooted whatever the tree
-    o, stash = tk.tree_gdn_fork(q, k, v, g, beta, state, anc, scale, rooted=flat or tree.rooted)
+    extra = {"stash_out": stash_out} if stash_out is not None and not flat else {}
+    o, stash = tk.tree_gdn_fork(q, k, v, g, beta, state, anc, scale, rooted=flat or tree.rooted, **extra)
     return o, _StashPending([stash], [state], [0], anc, flat)
 
 
@@ -202,15 +212,17 @@ def _check_commit_in_forward(mode: str, tree: CompiledTree) -> None:
         raise ValueError(f"commit_in_forward is for one-node trees in fork / unsafe, got {tree.size} nodes in {mode!r}")
 
 
-def tree_conv(mode, x, conv_state, weight, bias, tree: CompiledTree, activation="silu"):
-    """Short causal conv over the tree's nodes: tree-aware in all modes but unsafe."""
+def tree_conv(mode, x, conv_state, weight, bias, tree: CompiledTree, activation="silu", x_out=None):
+    """Short causal conv over the tree's nodes: tree-aware in all modes but unsafe. ``x_out``
+    (fork / unsafe): also keep the inputs there (RecurrentStack's buffers)."""
     if tree.commit_in_forward:  # the fast path's AR step: the window moves in place
         _check_commit_in_forward(mode, tree)
         return tk.conv1d_decode_step(x, conv_state, weight, bias, activation, out=conv_state)[0]
     if mode == "paths":
         return conv_naive.tree_conv1d_paths(x, conv_state, weight, bias, tree.parents, activation)
     view = tree.flattened() if mode == "unsafe" else tree
-    return tk.tree_conv1d(x, conv_state, weight, bias, view.conv_table(weight.shape[-1]), activation)
+    extra = {"x_out": x_out} if x_out is not None else {}
+    return tk.tree_conv1d(x, conv_state, weight, bias, view.conv_table(weight.shape[-1]), activation, **extra)
 
 
 def conv_commit_static(mode: str, x, conv_state, path: torch.Tensor, count: torch.Tensor, out=None) -> torch.Tensor:

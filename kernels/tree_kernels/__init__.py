@@ -73,7 +73,14 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, **tuning):
         from .tree_gdn import triton as impl
 
         return impl.tree_gdn_fork(q, k, v, g, beta, state, anc, scale, **tuning)
-    return gdn_naive.tree_gdn_fork(q, k, v, g, beta, state, anc, scale)
+    o, stash = gdn_naive.tree_gdn_fork(q, k, v, g, beta, state, anc, scale)
+    out = tuning.get("stash_out")
+    if out is None:
+        return o, stash
+    gdn_naive.check_stash_out(out, *stash.k.shape, stash.u.shape[-1])
+    for name in ("k", "u", "G"):
+        getattr(out, name).copy_(getattr(stash, name))
+    return o, out
 
 
 def tree_gdn_commit(stash, state, path):
@@ -112,6 +119,11 @@ def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", **tuning)
         from .tree_conv import triton as impl
 
         return impl.tree_conv1d(x, conv_state, weight, bias, index, activation, **tuning)
+    out = tuning.get("x_out")
+    if out is not None:  # the inputs kept for the stacked commit
+        if out.shape != x.shape:
+            raise ValueError(f"tree_conv1d: x_out must be a {tuple(x.shape)} tensor, got {tuple(out.shape)}")
+        out.copy_(x)
     return conv_naive.tree_conv1d(x, conv_state, weight, bias, index, activation)
 
 

@@ -5,6 +5,8 @@ tested against; the prefix length and the accepted path arrive as device tensors
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .backend import use_triton
@@ -38,9 +40,23 @@ def kv_write_static(k_buf, v_buf, start, k, v) -> None:
     return naive.kv_write_static(k_buf, v_buf, start, k, v)
 
 
+_kv_commit_launch = True  # use_kv_commit_launch(False): the torch gathers and index_copy_ (bench.e2e --commit-variants)
+
+
+@contextlib.contextmanager
+def use_kv_commit_launch(enabled: bool = True):
+    global _kv_commit_launch
+    old, _kv_commit_launch = _kv_commit_launch, bool(enabled)
+    try:
+        yield
+    finally:
+        _kv_commit_launch = old
+
+
 def kv_commit_static(k_buf, v_buf, start, path, count) -> None:
     """After the walk: rows start + path[i] to start + i for the first ``count`` slots, in place."""
-    if use_triton(k_buf) and k_buf.dtype in _TRITON_FLOATS and k_buf.is_contiguous() and v_buf.is_contiguous():
+    if (_kv_commit_launch and use_triton(k_buf) and k_buf.dtype in _TRITON_FLOATS and k_buf.is_contiguous()
+            and v_buf.is_contiguous()):
         from .kv_write import triton as impl
 
         return impl.kv_commit_static(k_buf, v_buf, start, path, count)
@@ -118,3 +134,31 @@ def conv_commit_static(flat: bool, x, conv_state, path, count, out=None):
         history = torch.cat([conv_state.t(), x[path].to(conv_state.dtype)], dim=0)
         rows = count + offsets
     return history[rows].t()
+
+
+def tree_gdn_commit_layers_static(stash: TreeGDNStash, states, path, count):
+    """``tree_gdn_commit_static`` for L stacked layers (stash fields [L, T, ...], ``states``
+    [L, HV, dk, dv]), in place: one launch on the Triton route; the reference commits the
+    layers one after another."""
+    if use_triton(stash.G) and states.dtype == torch.float32 and stash.k.dtype == torch.float32:
+        from .tree_gdn import triton as impl
+
+        return impl.tree_gdn_commit_layers(stash, states, path, count)
+    for layer in range(states.shape[0]):
+        one = TreeGDNStash(k=stash.k[layer], u=stash.u[layer], G=stash.G[layer])
+        states[layer].copy_(tree_gdn_commit_static(one, states[layer], path, count))
+    return states
+
+
+def conv_commit_layers_static(x, conv_states, path, count):
+    """``conv_commit_static`` (tree order) for L stacked layers (``x`` [L, T, C], ``conv_states``
+    [L, C, W-1]), in place: one launch on the Triton route, else layer by layer."""
+    if conv_states.shape[-1] == 0:
+        return conv_states
+    if use_triton(x) and x.dtype in _TRITON_FLOATS and conv_states.shape[-1] <= 3 and conv_states.is_contiguous():
+        from .tree_conv import triton as impl
+
+        return impl.tree_conv_commit_layers(x, conv_states, path, count)
+    for layer in range(conv_states.shape[0]):
+        conv_states[layer].copy_(conv_commit_static(False, x[layer], conv_states[layer], path, count))
+    return conv_states

@@ -462,6 +462,36 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
             got["error"] = repr(exc)[:2000]
             log(f"27B dims, gdn dense {flipped} failed: {exc!r}"[:500])
         out["gdn_dense_" + flipped] = got
+    if args.commit_variants:  # the verify round's commits: stacked / per layer, KV in one launch / torch, interleaved
+        from tree_kernels.static import use_kv_commit_launch
+
+        from ..models.qwen3_5 import use_stacked_commit
+
+        def both_off():
+            stack = contextlib.ExitStack()
+            stack.enter_context(use_stacked_commit(False))
+            stack.enter_context(use_kv_commit_launch(False))
+            return stack
+
+        got = {}
+        variants = (("default", contextlib.nullcontext), ("per_layer_recurrent", lambda: use_stacked_commit(False)),
+                    ("per_layer_recurrent_torch_kv", both_off))
+        try:
+            for budget in (16, 64):
+                for label, make in variants:
+                    with make():
+                        eng = engine_for("ddtree", budget)
+                        got[f"verify_{budget + 1}_fork_{label}_ms"] = time_step(eng, "round", eng._round_step)
+                        del eng
+                for label, _ in variants[1:]:
+                    ratio = got[f"verify_{budget + 1}_fork_{label}_ms"] / got[f"verify_{budget + 1}_fork_default_ms"]
+                    got[f"verify_{budget + 1}_{label}_over_default"] = ratio
+                    log(f"27B dims, commits {label}: verify {budget + 1} {got[f'verify_{budget + 1}_fork_{label}_ms']:.2f} ms "
+                        f"vs default {got[f'verify_{budget + 1}_fork_default_ms']:.2f} ms ({ratio:.3f}x)")
+        except Exception as exc:
+            got["error"] = repr(exc)[:2000]
+            log(f"27B dims, commit variants failed: {exc!r}"[:500])
+        out["commit_variants"] = got
     if args.few_rows_tuned:  # the verify's GEMMs through the Triton few-rows GEMM where a sweep tuned it, interleaved with cuBLAS
         from tree_kernels.gemv import triton as tgm
 
@@ -539,6 +569,9 @@ def main(argv=None) -> dict:
     p.add_argument("--profile", action="store_true", help="27B dims: kernel time by category in the AR step (torch.profiler)")
     p.add_argument("--both-norms", action="store_true",
                    help="also time the other setting of the fused-norm switch (pairs at T=0; 27B AR step and 65-token verify)")
+    p.add_argument("--commit-variants", action="store_true",
+                   help="27B dims: verify 17 / 65 with the stacked recurrent commit and the one-launch KV commit "
+                        "switched off, interleaved with the default")
     p.add_argument("--decode-step", action="store_true",
                    help="27B dims: also the AR step and 65-token verify with the GDN decode-step switch the other way")
     p.add_argument("--gemv", action="store_true",

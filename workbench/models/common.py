@@ -413,6 +413,9 @@ class ModelCache:
     layers: list
     length: int = 0  # committed tokens
     capacity: int = 0
+    # groups of layer caches sharing buffers, each able to commit its members in one go
+    # (qwen3_5.RecurrentStack); a clone has none
+    shared: list = field(default_factory=list)
 
     def clone(self) -> "ModelCache":
         """An independent copy of the committed state (oracles, what-if comparisons)."""
@@ -421,8 +424,10 @@ class ModelCache:
     def commit_static(self, start: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
         """Fast path: commit a padded path (``count`` valid slots) with no host sync. The caller
         advances its device prefix length and, once it has synced, ``length``."""
+        done = {id(c) for group in self.shared for c in group.commit_static(path, count)}
         for c in self.layers:
-            c.commit_static(start, path, count)
+            if id(c) not in done:
+                c.commit_static(start, path, count)
 
     def commit(self, path: list[int] | torch.Tensor) -> None:
         device = next((c.k.device for c in self.layers if isinstance(c, KVCache)), None)

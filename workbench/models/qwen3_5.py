@@ -17,10 +17,15 @@ as one GEMM (common.PackedModule).
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 import tree_kernels as tk
 from torch import nn
+from tree_kernels import static as static_kernels
 from tree_kernels import tree_conv_commit
+from tree_kernels.tree_gdn.naive import TreeGDNStash
 
 from .. import verify
 from ..tree import CompiledTree
@@ -41,6 +46,22 @@ class GatedRMSNorm(nn.Module):
         return tk.gated_rms_norm(x, gate, self.weight, self.eps, dtype)
 
 
+# The fast path's commit of every GDN layer in two launches (RecurrentStack) instead of two per
+# layer. WORKBENCH_STACKED_COMMIT=0 or use_stacked_commit(False) (read when a cache is made) keeps
+# the per-layer commits, which bench.e2e --stacked-commit times side by side.
+_stacked_commit = os.environ.get("WORKBENCH_STACKED_COMMIT", "1").lower() in ("1", "true", "on", "yes")
+
+
+@contextlib.contextmanager
+def use_stacked_commit(enabled: bool = True):
+    global _stacked_commit
+    old, _stacked_commit = _stacked_commit, bool(enabled)
+    try:
+        yield
+    finally:
+        _stacked_commit = old
+
+
 class RecurrentCache:
     """A GDN layer's state: S [HV, dk, dv] in fp32 and the conv window [C, W-1].
 
@@ -55,11 +76,15 @@ class RecurrentCache:
         self.pending: verify.PendingRecurrence | None = None
         self.pending_conv_inputs: torch.Tensor | None = None
         self.pending_mode = "fork"
+        self.stack: RecurrentStack | None = None  # set when the state lives in a stack's buffers
+        self.stack_index = 0
+        self.stacked_nodes: int | None = None  # the last forward's tree size, if it wrote its stash into the stack
 
     def clone(self) -> "RecurrentCache":
         other = RecurrentCache.__new__(RecurrentCache)
         other.state, other.conv_state = self.state.clone(), self.conv_state.clone()
         other.pending, other.pending_conv_inputs, other.pending_mode = None, None, "fork"
+        other.stack, other.stack_index, other.stacked_nodes = None, 0, None  # a clone commits on its own
         return other
 
     def commit_static(self, start: torch.Tensor, path: torch.Tensor, count: torch.Tensor) -> None:
@@ -83,6 +108,62 @@ class RecurrentCache:
         )
         self.pending = None
         self.pending_conv_inputs = None
+
+
+class RecurrentStack:
+    """Every GDN layer's recurrent buffers, layer-major, so that one launch commits them all.
+
+    The layers' RecurrentCaches keep views: their state is ``state[l]`` ([L, HV, dk, dv]), their
+    conv window ``conv_state[l]`` ([L, C, W-1]). A fast-path forward in ``fork`` mode writes each
+    layer's stash and conv inputs into slice l of the buffers for its tree size (``tree_buffers``);
+    when every layer did, ``commit_static`` commits the states in one launch and the conv windows
+    in another (per layer: 96 launches at 27B dims, each paying a launch and a chain of dependent
+    loads for 6 MB). Otherwise the layers commit one by one, as they would without a stack.
+    """
+
+    def __init__(self, caches: list[RecurrentCache]):
+        self.members = caches
+        self.state = torch.stack([c.state for c in caches])
+        self.conv_state = torch.stack([c.conv_state for c in caches])
+        for i, c in enumerate(caches):
+            c.state, c.conv_state, c.stack, c.stack_index = self.state[i], self.conv_state[i], self, i
+        # per (tree size, input dtype): allocated once and kept, since captured CUDA graphs hold
+        # their addresses (one or two sizes per engine)
+        self._buffers: dict[tuple, tuple[TreeGDNStash, torch.Tensor]] = {}
+
+    @staticmethod
+    def fits(caches: list[RecurrentCache]) -> bool:
+        """Whether the caches can share buffers: at least two, every shape and dtype equal."""
+        if len(caches) < 2:
+            return False
+        c0 = caches[0]
+        return all(c.state.shape == c0.state.shape and c.state.dtype == c0.state.dtype and c.conv_state.shape == c0.conv_state.shape
+                   and c.conv_state.dtype == c0.conv_state.dtype and c.state.device == c0.state.device for c in caches)
+
+    def tree_buffers(self, t: int, x_dtype: torch.dtype) -> tuple[TreeGDNStash, torch.Tensor]:
+        """(stash [L, T, ...] fp32, conv inputs [L, T, C]) for trees of ``t`` nodes."""
+        key = (t, x_dtype)
+        if key not in self._buffers:
+            n, hv, dk, dv = self.state.shape
+            dev = self.state.device
+            stash = TreeGDNStash(k=torch.empty(n, t, hv, dk, dtype=torch.float32, device=dev),
+                                 u=torch.empty(n, t, hv, dv, dtype=torch.float32, device=dev),
+                                 G=torch.empty(n, t, hv, dtype=torch.float32, device=dev))
+            x = torch.empty(n, t, self.conv_state.shape[1], dtype=x_dtype, device=dev)
+            self._buffers[key] = (stash, x)
+        return self._buffers[key]
+
+    def commit_static(self, path: torch.Tensor, count: torch.Tensor) -> list[RecurrentCache]:
+        """Commit every layer in two launches if the last forward stacked them all (the layers
+        committed; else nothing is done and none are returned)."""
+        sizes = {c.stacked_nodes for c in self.members}
+        if len(sizes) != 1 or None in sizes or self.state.dtype != torch.float32:
+            return []
+        t = sizes.pop()
+        stash, x = self.tree_buffers(t, self.members[0].pending_conv_inputs.dtype)
+        static_kernels.tree_gdn_commit_layers_static(stash, self.state, path, count)
+        static_kernels.conv_commit_layers_static(x, self.conv_state, path, count)
+        return self.members
 
 
 class GatedDeltaNet(PackedModule):
@@ -131,7 +212,15 @@ class GatedDeltaNet(PackedModule):
     def forward(self, x, tree: CompiledTree, cache: RecurrentCache, cos, sin, mode: str):
         t = x.shape[0]
         mixed, z, b, a = self.project(x)
-        conv_out = verify.tree_conv(mode, mixed, cache.conv_state, self.conv1d.weight[:, 0, :], None, tree)
+        # the fast path in fork mode writes the stash and conv inputs into the stack's buffers,
+        # so that the commit after the walk is one launch for every layer (RecurrentStack)
+        stacked = None
+        if cache.stack is not None and tree.prefix_t is not None and mode == "fork" and not tree.commit_in_forward:
+            stash_l, x_all = cache.stack.tree_buffers(t, mixed.dtype)
+            i = cache.stack_index
+            stacked = TreeGDNStash(k=stash_l.k[i], u=stash_l.u[i], G=stash_l.G[i]), x_all[i]
+        conv_out = verify.tree_conv(mode, mixed, cache.conv_state, self.conv1d.weight[:, 0, :], None, tree,
+                                    x_out=stacked[1] if stacked else None)
         q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         up = torch.promote_types(x.dtype, torch.float32)
         q, k, v = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv)
@@ -141,8 +230,11 @@ class GatedDeltaNet(PackedModule):
         else:
             # l2-normed q, k (fp32), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
             q, k, beta, g = tk.gdn_gates(q, k, b, a, self.A_log, self.dt_bias, up)
-            o, pending = verify.tree_recurrence(mode, q, k, v, g, beta, cache.state, tree, scale=self.dk**-0.5)
+            o, pending = verify.tree_recurrence(mode, q, k, v, g, beta, cache.state, tree, scale=self.dk**-0.5,
+                                                stash_out=stacked[0] if stacked else None)
         cache.pending, cache.pending_conv_inputs, cache.pending_mode = pending, mixed, mode
+        # stacked only if the fork really wrote there (a one-node tree takes the decode step instead)
+        cache.stacked_nodes = t if stacked and verify.pending_uses_stash(pending, stacked[0]) else None
         o = self.norm(o, z, x.dtype)  # o is fp32: the norm rounds it to the activations' dtype first
         return self.out_proj(o.reshape(t, self.value_dim))
 
@@ -164,3 +256,10 @@ class Qwen3_5ForCausalLM(CausalLM):
                 DecoderLayer(name, mixer, make_feed_forward(config, i), config.hidden_size, config.rms_norm_eps, True)
             )
         super().__init__(config, layers, zero_centered=True)
+
+    def new_cache(self, max_len: int):
+        cache = super().new_cache(max_len)
+        recurrent = [c for c in cache.layers if isinstance(c, RecurrentCache)]
+        if _stacked_commit and RecurrentStack.fits(recurrent):
+            cache.shared.append(RecurrentStack(recurrent))
+        return cache

@@ -15,17 +15,18 @@ import triton.language as tl
 
 from .._triton_common import as_last_contiguous, next_pow2, path_operand
 
-__all__ = ["tree_conv1d", "tree_conv_commit", "conv1d_decode_step", "MAX_COMMIT_WIDTH"]
+__all__ = ["tree_conv1d", "tree_conv_commit", "tree_conv_commit_layers", "conv1d_decode_step", "MAX_COMMIT_WIDTH"]
 
 MAX_COMMIT_WIDTH = 4  # widths 2..4 in one launch (conv states of up to three columns)
 
 
 @triton.jit
 def _tree_conv_kernel(
-    X, CS, Wt, Bias, Idx, Y,
+    X, CS, Wt, Bias, Idx, Y, XOut,
     T, C,
-    sx_t, scs_c, scs_w, sw_c, sw_w, si_t, sy_t,
+    sx_t, scs_c, scs_w, sw_c, sw_w, si_t, sy_t, sxo_t,
     W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    SAVE_X: tl.constexpr,
 ):
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -41,6 +42,9 @@ def _tree_conv_kernel(
         val = tl.where(node[:, None], xv.to(tl.float32), sv.to(tl.float32))
         wv = tl.load(Wt + cols * sw_c + w * sw_w, mask=cm, other=0.0).to(tl.float32)
         acc += val * wv[None, :]
+    if SAVE_X:  # the nodes' own inputs, kept for the commit (the last tap read them already: an L1/L2 hit)
+        xs = tl.load(X + rows[:, None] * sx_t + cols[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
+        tl.store(XOut + rows[:, None] * sxo_t + cols[None, :], xs.to(XOut.dtype.element_ty), mask=rm[:, None] & cm[None, :])
     if HAS_BIAS:
         acc += tl.load(Bias + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
     if SILU:
@@ -50,11 +54,15 @@ def _tree_conv_kernel(
 
 @triton.jit(do_not_specialize=["plen"])
 def _conv_commit_kernel(
-    X, CS, Path, Out, Count, C, plen, sx_t, scs_c, scs_w,
+    X, CS, Path, Out, Count, C, plen, sx_t, scs_c, scs_w, sl_x, sl_cs, sl_out,
     KEEP: tl.constexpr, BC: tl.constexpr, IS_RANGE: tl.constexpr, DEVICE_COUNT: tl.constexpr,
 ):
     if DEVICE_COUNT:  # a padded path whose valid length lives on the device (fast path)
         plen = tl.load(Count).to(tl.int32)
+    layer = tl.program_id(1).to(tl.int64)  # stacked layers (tree_conv_commit_layers): one launch
+    X += layer * sl_x
+    CS += layer * sl_cs
+    Out += layer * sl_out
     cols = tl.program_id(0) * BC + tl.arange(0, BC)
     cm = cols < C
     for j in tl.static_range(KEEP):
@@ -119,7 +127,10 @@ def _activation(activation) -> bool:
     raise ValueError(f"unsupported conv activation {activation!r}")
 
 
-def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", *, block_t: int | None = None, block_c: int | None = None, num_warps: int = 4):
+def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", *, block_t: int | None = None, block_c: int | None = None,
+                num_warps: int = 4, x_out: torch.Tensor | None = None):
+    """``x_out`` [T, C] (contiguous rows): also store the inputs there, in the same launch (a
+    layer's slice of stacked buffers that one launch then commits for every layer)."""
     width = weight.shape[-1]
     t, c = x.shape
     if index.shape != (t, width) or conv_state.shape != (c, width - 1):
@@ -127,6 +138,8 @@ def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", *, block_
             f"tree_conv1d: x {tuple(x.shape)}, conv_state {tuple(conv_state.shape)}, "
             f"weight {tuple(weight.shape)}, index {tuple(index.shape)} do not fit"
         )
+    if x_out is not None and (x_out.shape != (t, c) or x_out.stride(-1) != 1):
+        raise ValueError(f"tree_conv1d: x_out must be a {(t, c)} tensor with contiguous rows, got {tuple(x_out.shape)}")
     silu = _activation(activation)
     x = as_last_contiguous(x)
     index = as_last_contiguous(index)
@@ -135,10 +148,11 @@ def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", *, block_
     bc = block_c or 256
     grid = (triton.cdiv(t, bt), triton.cdiv(c, bc))
     _tree_conv_kernel[grid](
-        x, conv_state, weight, bias if bias is not None else weight, index, y,
+        x, conv_state, weight, bias if bias is not None else weight, index, y, x_out if x_out is not None else y,
         t, c,
         x.stride(0), conv_state.stride(0), conv_state.stride(1), weight.stride(0), weight.stride(1), index.stride(0), y.stride(0),
-        W=width, BT=bt, BC=bc, HAS_BIAS=bias is not None, SILU=silu, num_warps=num_warps,
+        x_out.stride(0) if x_out is not None else 0,
+        W=width, BT=bt, BC=bc, HAS_BIAS=bias is not None, SILU=silu, SAVE_X=x_out is not None, num_warps=num_warps,
     )
     return y
 
@@ -162,10 +176,33 @@ def tree_conv_commit(x, conv_state, path, *, count: torch.Tensor | None = None, 
         raise ValueError(f"tree_conv_commit: out must be a contiguous {(c, keep)} {conv_state.dtype} tensor")
     _conv_commit_kernel[(triton.cdiv(c, block_c),)](
         x, conv_state, idx if idx is not None else x, out, count.reshape(1) if count is not None else out,
-        c, plen, x.stride(0), conv_state.stride(0), conv_state.stride(1),
+        c, plen, x.stride(0), conv_state.stride(0), conv_state.stride(1), 0, 0, 0,
         KEEP=keep, BC=block_c, IS_RANGE=is_range, DEVICE_COUNT=count is not None, num_warps=num_warps,
     )
     return out
+
+
+def tree_conv_commit_layers(x, conv_states, path, count, *, block_c: int = 1024, num_warps: int = 4):
+    """``tree_conv_commit`` of L stacked layers in one launch, in place: ``x`` [L, T, C] (each
+    layer's conv inputs), ``conv_states`` [L, C, W-1] contiguous, ``path`` a padded device path
+    with ``count`` valid slots. Returns ``conv_states``."""
+    n, t, c = x.shape
+    keep = conv_states.shape[-1]
+    if conv_states.shape[:2] != (n, c) or conv_states.dim() != 3 or not conv_states.is_contiguous():
+        raise ValueError(f"tree_conv_commit_layers: conv states must be contiguous [{n}, {c}, W-1], got "
+                         f"{tuple(conv_states.shape)}")
+    if not 1 <= keep <= MAX_COMMIT_WIDTH - 1:
+        raise ValueError(f"tree_conv_commit_layers (triton): conv state of {keep} columns is not supported")
+    if x.stride(-1) != 1:
+        raise ValueError("tree_conv_commit_layers: x must be contiguous in its last dim")
+    idx, plen, _ = path_operand(path, x.device)
+    _conv_commit_kernel[(triton.cdiv(c, block_c), n)](
+        x, conv_states, idx, conv_states, count.reshape(1),
+        c, plen, x.stride(1), conv_states.stride(1), conv_states.stride(2), x.stride(0), conv_states.stride(0),
+        conv_states.stride(0),
+        KEEP=keep, BC=block_c, IS_RANGE=False, DEVICE_COUNT=True, num_warps=num_warps,
+    )
+    return conv_states
 
 
 def conv1d_decode_step(x, conv_state, weight, bias=None, activation="silu", *, out: torch.Tensor | None = None,

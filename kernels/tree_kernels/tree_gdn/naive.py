@@ -47,6 +47,17 @@ class TreeGDNStash:
     G: torch.Tensor  # [T, HV] fp32 (log decay summed over ancestors-or-self)
 
 
+def check_stash_out(stash_out: TreeGDNStash, t: int, hv: int, dk: int, dv: int):
+    """The (k, u, G) buffers a fork may write its stash into: contiguous fp32 of the stash's shapes."""
+    want = {"k": (t, hv, dk), "u": (t, hv, dv), "G": (t, hv)}
+    for name, shape in want.items():
+        x = getattr(stash_out, name)
+        if tuple(x.shape) != shape or x.dtype != torch.float32 or not x.is_contiguous():
+            raise ValueError(f"tree_gdn_fork: stash_out.{name} must be a contiguous fp32 {shape} tensor, "
+                             f"got {tuple(x.shape)} {x.dtype}")
+    return stash_out.k, stash_out.u, stash_out.G
+
+
 def _expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:
     h = x.shape[1]
     if hv % h:

@@ -52,7 +52,7 @@ import triton.language as tl
 
 from ..norms.triton import gdn_gate_values
 from .._triton_common import as_last_contiguous, dot_precision, mask_as_uint8, launch_with_fallback, next_pow2, path_operand
-from .naive import TreeGDNStash
+from .naive import TreeGDNStash, check_stash_out
 
 __all__ = ["tree_gdn_fork", "tree_gdn_commit", "gdn_decode_step", "default_config", "blocked_config", "dense_config",
            "dense_fork"]
@@ -436,13 +436,21 @@ def _gdn_dense_apply_kernel(
 @triton.jit(do_not_specialize=["plen"])
 def _gdn_commit_kernel(
     S0, SK, SU, SG, Path, Out, Count,
-    plen, HV,
+    plen, HV, sl_s, sl_k, sl_u, sl_g,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BP: tl.constexpr,
     IS_RANGE: tl.constexpr, PREC: tl.constexpr, DEVICE_COUNT: tl.constexpr,
 ):
     if DEVICE_COUNT:  # a padded path whose valid length lives on the device (fast path)
         plen = tl.load(Count).to(tl.int32)
-    j = tl.program_id(0)
+    # axis 0 is (layer, value head): stacked layers (tree_gdn_commit_layers) commit in one launch,
+    # layer l's state, stash and output at l * sl_* (one layer: l = 0)
+    layer = (tl.program_id(0) // HV).to(tl.int64)
+    j = tl.program_id(0) % HV
+    S0 += layer * sl_s
+    Out += layer * sl_s
+    SK += layer * sl_k
+    SU += layer * sl_u
+    SG += layer * sl_g
     offk = tl.program_id(1) * BK + tl.arange(0, BK)
     offv = tl.program_id(2) * BV + tl.arange(0, BV)
     km = offk < DK
@@ -594,7 +602,8 @@ def _check(q, k, v, g, beta, state, anc=None):
                          f"do not fit T={t}, HV={hv}, dk={dk}, dv={dv}")
 
 
-def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | None = None, rooted: bool = False):
+def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | None = None, rooted: bool = False,
+                  stash_out: TreeGDNStash | None = None):
     """Exact ancestor-masked gated delta rule, one launch. Returns (o fp32 [T, HV, dv], stash).
 
     ``config``: ``BS``, ``BV``, ``num_warps``; ``PRE_INVERSE=True`` adds a launch before the solve
@@ -604,7 +613,8 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
     registers and the blocks start at node 1 (checked on the device from ``anc``, so any mask
     stays exact). ``rooted``: the caller knows node 0 is an ancestor of every node (a draft tree,
     a chain), so a tree of DENSE_MAX_NODES + 1 nodes still fits the dense kernel; a tree that is
-    not gets NaN outputs there (not silently wrong ones).
+    not gets NaN outputs there (not silently wrong ones). ``stash_out``: contiguous fp32 tensors
+    to write the stash into (a layer's slice of stacked buffers, so one launch commits every layer).
     """
     _check(q, k, v, g, beta, state, anc)
     t, hv, dv = v.shape
@@ -633,9 +643,12 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
     a8 = as_last_contiguous(a8)
     dev = v.device
     o = torch.empty(t, hv, dv, dtype=torch.float32, device=dev)
-    sk = torch.empty(t, hv, dk, dtype=torch.float32, device=dev)
-    su = torch.empty(t, hv, dv, dtype=torch.float32, device=dev)
-    sg = torch.empty(t, hv, dtype=torch.float32, device=dev)
+    if stash_out is None:
+        sk = torch.empty(t, hv, dk, dtype=torch.float32, device=dev)
+        su = torch.empty(t, hv, dv, dtype=torch.float32, device=dev)
+        sg = torch.empty(t, hv, dtype=torch.float32, device=dev)
+    else:
+        sk, su, sg = check_stash_out(stash_out, t, hv, dk, dv)
     bk = max(16, next_pow2(dk))
 
     def launch(c):
@@ -717,11 +730,39 @@ def tree_gdn_commit(stash: TreeGDNStash, state, path, *, count: torch.Tensor | N
     _gdn_commit_kernel[grid](
         state, stash.k.contiguous(), stash.u.contiguous(), stash.G.contiguous(), idx if idx is not None else stash.G, out,
         count.reshape(1) if count is not None else out,
-        plen, hv,
+        plen, hv, 0, 0, 0, 0,
         DK=dk, DV=dv, BK=bk, BV=bv, BP=16 if plen <= 16 else 32, IS_RANGE=is_range,
         PREC=dot_precision(torch.float32), DEVICE_COUNT=count is not None, num_warps=num_warps,
     )
     return out
+
+
+def tree_gdn_commit_layers(stash: TreeGDNStash, states, path, count, *, block_k: int | None = None,
+                           block_v: int | None = None, num_warps: int = 4):
+    """``tree_gdn_commit`` of L stacked layers in one launch, in place: ``states`` [L, HV, dk, dv]
+    fp32, ``stash`` fields [L, T, ...] (layer l's fork wrote slice l), ``path`` a padded device
+    path with ``count`` valid slots (one path for every layer). Returns ``states``."""
+    n, t, hv, dk = stash.k.shape
+    dv = stash.u.shape[-1]
+    if states.shape != (n, hv, dk, dv) or states.dtype != torch.float32 or not states.is_contiguous():
+        raise ValueError(f"tree_gdn_commit_layers: states must be contiguous fp32 {(n, hv, dk, dv)}, got "
+                         f"{tuple(states.shape)} {states.dtype}")
+    if stash.u.shape != (n, t, hv, dv) or stash.G.shape != (n, t, hv):
+        raise ValueError(f"tree_gdn_commit_layers: stash k {tuple(stash.k.shape)}, u {tuple(stash.u.shape)}, "
+                         f"G {tuple(stash.G.shape)} do not match")
+    if not all(x.is_contiguous() and x.dtype == torch.float32 for x in (stash.k, stash.u, stash.G)):
+        raise ValueError("tree_gdn_commit_layers: the stacked stash must be contiguous fp32")
+    idx, plen, _ = path_operand(path, stash.G.device)
+    bk = block_k or min(64, max(16, next_pow2(dk)))
+    bv = block_v or min(64, max(16, next_pow2(dv)))
+    grid = (n * hv, triton.cdiv(dk, bk), triton.cdiv(dv, bv))
+    _gdn_commit_kernel[grid](
+        states, stash.k, stash.u, stash.G, idx, states, count.reshape(1),
+        plen, hv, hv * dk * dv, t * hv * dk, t * hv * dv, t * hv,
+        DK=dk, DV=dv, BK=bk, BV=bv, BP=16 if plen <= 16 else 32, IS_RANGE=False,
+        PREC=dot_precision(torch.float32), DEVICE_COUNT=True, num_warps=num_warps,
+    )
+    return states
 
 
 def gdn_decode_step(q, k, v, g, beta, state, scale=None, *, out: torch.Tensor | None = None,
