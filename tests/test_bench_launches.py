@@ -10,6 +10,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 from workbench.bench.launches import count_step, scale_to_27b  # noqa: E402
+from workbench.models.qwen3_5 import use_stacked_commit  # noqa: E402
 
 
 def test_counts_per_layer_and_the_fused_kernels_cut_them():
@@ -21,10 +22,17 @@ def test_counts_per_layer_and_the_fused_kernels_cut_them():
     assert gdn_on["per_layer_forward"] < gdn_off["per_layer_forward"] - 20
     assert on["per_kind"]["self_attn"]["per_layer_forward"] < off["per_kind"]["self_attn"]["per_layer_forward"]
     # AR commits in the forward (the one node is always accepted): no commit launches at all;
-    # a tree keeps the GDN and conv commits
+    # a tree commits every GDN layer's state and conv window in two launches (RecurrentStack),
+    # the KV rows in one launch per attention layer; without the stack, two per GDN layer
     assert gdn_off["per_layer_commit"] == 0 and off["per_kind"]["self_attn"]["per_layer_commit"] == 0
+    assert off["stacked_commit"] == 0
     tree = count_step("ddtree", 4, fused=True)
-    assert tree["per_kind"]["linear_attn"]["per_layer_commit"] >= 2 and tree["per_kind"]["self_attn"]["per_layer_commit"] >= 2
+    assert tree["per_kind"]["linear_attn"]["per_layer_commit"] == 0 and tree["stacked_commit"] == 2
+    assert tree["per_kind"]["self_attn"]["per_layer_commit"] == 1
+    with use_stacked_commit(False):
+        unstacked = count_step("ddtree", 4, fused=True)
+    assert unstacked["per_kind"]["linear_attn"]["per_layer_commit"] == 2 and unstacked["stacked_commit"] == 0
+    assert scale_to_27b(unstacked) == scale_to_27b(tree) + 48 * 2 - 2
     k = off["per_kind"]
     expected = off["rest_of_round_step"] + 48 * (k["linear_attn"]["per_layer_forward"] + k["linear_attn"]["per_layer_commit"]) \
         + 16 * (k["self_attn"]["per_layer_forward"] + k["self_attn"]["per_layer_commit"])

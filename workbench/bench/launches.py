@@ -112,6 +112,17 @@ def count_step(method: str, budget: int, fused: bool, seed: int = 0) -> dict:
                         counter.bucket = "other"
 
                 cache.commit_static = commit
+            for group in engine.cache.shared:  # layers committed together (RecurrentStack): one bucket, not per layer
+                original = group.commit_static
+
+                def shared_commit(*a, original=original):
+                    counter.bucket = "commit_shared"
+                    try:
+                        return original(*a)
+                    finally:
+                        counter.bucket = "other"
+
+                group.commit_static = shared_commit
             counter.buckets.clear()  # the Triton launches of the warm-up generation above are not the step's
             counter.bucket = "other"
             with counter:
@@ -141,6 +152,7 @@ def count_step(method: str, budget: int, fused: bool, seed: int = 0) -> dict:
     return {
         "method": method, "budget": budget if method == "ddtree" else None, "fused_norms": fused, "layer_kinds": kinds,
         "per_kind": by_kind, "rest_of_round_step": total(["other"]) + once, "draft_step": total(["draft"]),
+        "stacked_commit": total(["commit_shared"]),  # the same whatever the number of layers
         "round_step_total": total([b for b in counter.buckets if b != "draft"]),
     }
 
@@ -148,7 +160,8 @@ def count_step(method: str, budget: int, fused: bool, seed: int = 0) -> dict:
 def scale_to_27b(step: dict, gdn_layers: int = 48, attention_layers: int = 16) -> int:
     k = step["per_kind"]
     per = {"linear_attn": gdn_layers, "self_attn": attention_layers}
-    return step["rest_of_round_step"] + sum(n * (k[name]["per_layer_forward"] + k[name]["per_layer_commit"]) for name, n in per.items())
+    return step["rest_of_round_step"] + step.get("stacked_commit", 0) + sum(
+        n * (k[name]["per_layer_forward"] + k[name]["per_layer_commit"]) for name, n in per.items())
 
 
 def main(argv=None) -> int:
@@ -169,7 +182,7 @@ def main(argv=None) -> int:
             k = step["per_kind"]
             print(f"{method:6s} fused={str(fused):5s}: GDN layer {k['linear_attn']['per_layer_forward']} + commit "
                   f"{k['linear_attn']['per_layer_commit']}, attention layer {k['self_attn']['per_layer_forward']} + commit "
-                  f"{k['self_attn']['per_layer_commit']}, rest {step['rest_of_round_step']}; 27B round step ~"
+                  f"{k['self_attn']['per_layer_commit']}, rest {step['rest_of_round_step']}, stacked commit {step['stacked_commit']}; 27B round step ~"
                   f"{step['qwen36_27b_round_step_kernels']} kernels" + (f"; draft step {step['draft_step']}" if method != "ar" else ""))
     ratios = {}
     for method in ("ar", "ddtree"):
