@@ -153,6 +153,7 @@ def count_step(method: str, budget: int, fused: bool, seed: int = 0) -> dict:
         "method": method, "budget": budget if method == "ddtree" else None, "fused_norms": fused, "layer_kinds": kinds,
         "per_kind": by_kind, "rest_of_round_step": total(["other"]) + once, "draft_step": total(["draft"]),
         "stacked_commit": total(["commit_shared"]),  # the same whatever the number of layers
+        "rest_top_ops": dict(counter.buckets["other"].most_common(40)),
         "round_step_total": total([b for b in counter.buckets if b != "draft"]),
     }
 
