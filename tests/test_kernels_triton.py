@@ -755,6 +755,58 @@ def test_commits_in_place_equal_the_out_of_place_commits():
             assert got is buf and torch.equal(buf, want), (node, flat, width)
 
 
+@pytest.mark.parametrize("n, h, r, dk, dv, width, dtype", [(23, 2, 3, 16, 24, 4, torch.float32), (5, 4, 1, 32, 32, 3, torch.bfloat16),
+                                                             (40, 1, 2, 64, 40, 2, torch.float32), (1, 3, 2, 16, 16, 4, torch.bfloat16)])
+def test_tree_conv_with_gdn_gates_in_one_launch_equals_conv_then_gates(n, h, r, dk, dv, width, dtype):
+    """The GDN layer's tree conv + SiLU and its gates in one launch: q, k l2-normed per head
+    (channel blocks of whole heads; key heads 3 take a one-head block), v as the conv gives it,
+    beta and g for every node (the extra program column), the inputs kept in x_out; against the
+    tree conv followed by the torch gates, on a tree whose table reads the conv state too."""
+    from tree_kernels.norms import naive as norms_naive
+
+    tree = random_tree(n, min(n, 6), seed=n + dk, shape="mixed")
+    c = compile_tree(tree, 3)
+    g = torch.Generator().manual_seed(n * width + dk)
+    hv, key_dim = h * r, h * dk
+    ch = 2 * key_dim + hv * dv
+    x = torch.randn(n, ch + 5, generator=g).to(dtype)[:, :ch]  # strided rows, as the packed projection gives
+    state, w = torch.randn(ch, width - 1, generator=g).to(dtype), torch.randn(ch, width, generator=g).to(dtype)
+    b, a = torch.randn(n, hv, generator=g).to(dtype), (torch.randn(n, hv, generator=g) * 8).to(dtype)
+    A_log, dt_bias = torch.randn(hv, generator=g), torch.randn(hv, generator=g)
+    idx = c.conv_table(width)
+    y = conv_tr.tree_conv1d(x, state, w, None, idx)  # (equal to the torch conv to bf16 rounding: tested above)
+    assert maxdiff(y, conv_naive.tree_conv1d(x, state, w, None, idx)) < (1e-5 if dtype == torch.float32 else 0.05)
+    want = norms_naive.gdn_gates(y[:, :key_dim].reshape(n, h, dk), y[:, key_dim : 2 * key_dim].reshape(n, h, dk),
+                                 b, a, A_log, dt_bias)
+    keep = torch.zeros(n, ch, dtype=dtype)
+    q, k, v, beta, gg = conv_tr.tree_conv1d_gdn_gates(x, state, w, idx, b, a, A_log, dt_bias, key_dim, dk, x_out=keep)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # (the interpreter truncates to bf16 where torch rounds)
+    assert q.shape == (n, h, dk) and v.shape == (n, hv * dv) and q.dtype == torch.float32
+    assert maxdiff(q, want[0]) < 1e-5 and maxdiff(k, want[1]) < 1e-5  # the same rounded conv outputs, normed in fp32
+    assert torch.equal(v, y[:, 2 * key_dim :])
+    assert beta.dtype == dtype and maxdiff(beta, want[2]) < tol
+    assert maxdiff(gg, want[3]) < 1e-6 * want[3].abs().max().clamp(min=1)  # fp32, g down to about -25
+    assert torch.equal(keep, x)
+    # the dispatcher: the same on both routes
+    with tk.use_backend("triton"), tk.use_fused_norms():
+        got = tk.tree_conv1d_gdn_gates(x, state, w, idx, b, a, A_log, dt_bias, key_dim, dk)
+    with tk.use_backend("torch"):
+        ref = tk.tree_conv1d_gdn_gates(x, state, w, idx, b, a, A_log, dt_bias, key_dim, dk)
+    for one, other in zip(got, ref):
+        assert maxdiff(one, other) < tol * other.abs().max().clamp(min=1)
+    with pytest.raises(ValueError, match="head dim 24 must be a power of two"):
+        conv_tr.tree_conv1d_gdn_gates(x, state, w, idx, b, a, A_log, dt_bias, 48, 24)
+    with pytest.raises(ValueError, match="b .* do not fit"):
+        conv_tr.tree_conv1d_gdn_gates(x, state, w, idx, b[:, :1], a, A_log, dt_bias, key_dim, dk)
+
+
+def test_gdn_gates_block_takes_whole_heads_dividing_the_key_channels():
+    assert conv_tr.gdn_gates_block(2048, 128) == 256  # Qwen3.6-27B: 16 key heads of 128
+    assert conv_tr.gdn_gates_block(3 * 64, 64) == 64  # 3 heads: one per block
+    assert conv_tr.gdn_gates_block(512, 512) == 512  # one head wider than the limit
+    assert conv_tr.gdn_gates_block(96, 24) is None and conv_tr.gdn_gates_block(100, 64) is None
+
+
 @pytest.mark.parametrize("node", [0, 17, 29])
 def test_stacked_commits_of_every_layer_equal_the_per_layer_commits(node):
     """RecurrentStack's commit: the GDN states and conv windows of L layers, each with its own

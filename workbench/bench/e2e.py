@@ -462,20 +462,23 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
             got["error"] = repr(exc)[:2000]
             log(f"27B dims, gdn dense {flipped} failed: {exc!r}"[:500])
         out["gdn_dense_" + flipped] = got
-    if args.commit_variants:  # the verify round's commits: stacked / per layer, KV in one launch / torch, interleaved
+    if args.fusion_variants:  # the verify round's launch fusions, each switched off, interleaved with the default
+        import tree_kernels as tk
         from tree_kernels.static import use_kv_commit_launch
 
         from ..models.qwen3_5 import use_stacked_commit
 
-        def both_off():
+        def all_off():
             stack = contextlib.ExitStack()
-            stack.enter_context(use_stacked_commit(False))
-            stack.enter_context(use_kv_commit_launch(False))
+            for ctx in (use_stacked_commit(False), use_kv_commit_launch(False), tk.use_fused_conv_gates(False)):
+                stack.enter_context(ctx)
             return stack
 
         got = {}
-        variants = (("default", contextlib.nullcontext), ("per_layer_recurrent", lambda: use_stacked_commit(False)),
-                    ("per_layer_recurrent_torch_kv", both_off))
+        variants = (("default", contextlib.nullcontext),
+                    ("conv_gates_unfused", lambda: tk.use_fused_conv_gates(False)),  # tree conv + gates: two launches per GDN layer
+                    ("per_layer_recurrent", lambda: use_stacked_commit(False)),  # GDN + conv commits: two per GDN layer
+                    ("all_off", all_off))  # and the KV commit as seven torch launches per attention layer
         try:
             for budget in (16, 64):
                 for label, make in variants:
@@ -486,12 +489,12 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
                 for label, _ in variants[1:]:
                     ratio = got[f"verify_{budget + 1}_fork_{label}_ms"] / got[f"verify_{budget + 1}_fork_default_ms"]
                     got[f"verify_{budget + 1}_{label}_over_default"] = ratio
-                    log(f"27B dims, commits {label}: verify {budget + 1} {got[f'verify_{budget + 1}_fork_{label}_ms']:.2f} ms "
+                    log(f"27B dims, {label}: verify {budget + 1} {got[f'verify_{budget + 1}_fork_{label}_ms']:.2f} ms "
                         f"vs default {got[f'verify_{budget + 1}_fork_default_ms']:.2f} ms ({ratio:.3f}x)")
         except Exception as exc:
             got["error"] = repr(exc)[:2000]
-            log(f"27B dims, commit variants failed: {exc!r}"[:500])
-        out["commit_variants"] = got
+            log(f"27B dims, fusion variants failed: {exc!r}"[:500])
+        out["fusion_variants"] = got
     if args.few_rows_tuned:  # the verify's GEMMs through the Triton few-rows GEMM where a sweep tuned it, interleaved with cuBLAS
         from tree_kernels.gemv import triton as tgm
 
@@ -569,9 +572,9 @@ def main(argv=None) -> dict:
     p.add_argument("--profile", action="store_true", help="27B dims: kernel time by category in the AR step (torch.profiler)")
     p.add_argument("--both-norms", action="store_true",
                    help="also time the other setting of the fused-norm switch (pairs at T=0; 27B AR step and 65-token verify)")
-    p.add_argument("--commit-variants", action="store_true",
-                   help="27B dims: verify 17 / 65 with the stacked recurrent commit and the one-launch KV commit "
-                        "switched off, interleaved with the default")
+    p.add_argument("--fusion-variants", action="store_true",
+                   help="27B dims: verify 17 / 65 with the fused tree conv + gates, the stacked recurrent commit, and "
+                        "all of them with the one-launch KV commit, switched off, interleaved with the default")
     p.add_argument("--decode-step", action="store_true",
                    help="27B dims: also the AR step and 65-token verify with the GDN decode-step switch the other way")
     p.add_argument("--gemv", action="store_true",

@@ -219,19 +219,19 @@ class GatedDeltaNet(PackedModule):
             stash_l, x_all = cache.stack.tree_buffers(t, mixed.dtype)
             i = cache.stack_index
             stacked = TreeGDNStash(k=stash_l.k[i], u=stash_l.u[i], G=stash_l.G[i]), x_all[i]
-        conv_out = verify.tree_conv(mode, mixed, cache.conv_state, self.conv1d.weight[:, 0, :], None, tree,
-                                    x_out=stacked[1] if stacked else None)
-        q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        up = torch.promote_types(x.dtype, torch.float32)
-        q, k, v = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv)
+        weight, x_out = self.conv1d.weight[:, 0, :], stacked[1] if stacked else None
         if tree.commit_in_forward:  # the AR step: gates, recurrence and the state's update, one launch
-            o, pending = verify.gdn_decode_in_place(mode, q, k, v, b, a, self.A_log, self.dt_bias, cache.state, tree,
-                                                    scale=self.dk**-0.5)
+            conv_out = verify.tree_conv(mode, mixed, cache.conv_state, weight, None, tree)
+            q, k, v = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+            q, k = q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk)
+            o, pending = verify.gdn_decode_in_place(mode, q, k, v.reshape(t, self.hv, self.dv), b, a, self.A_log, self.dt_bias,
+                                                    cache.state, tree, scale=self.dk**-0.5)
         else:
-            # l2-normed q, k (fp32), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
-            q, k, beta, g = tk.gdn_gates(q, k, b, a, self.A_log, self.dt_bias, up)
-            o, pending = verify.tree_recurrence(mode, q, k, v, g, beta, cache.state, tree, scale=self.dk**-0.5,
-                                                stash_out=stacked[0] if stacked else None)
+            # the tree conv, then l2-normed q, k (fp32), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
+            q, k, v, beta, g = verify.tree_conv_gates(mode, mixed, cache.conv_state, weight, tree, b, a, self.A_log,
+                                                      self.dt_bias, self.key_dim, self.dk, x_out=x_out)
+            o, pending = verify.tree_recurrence(mode, q, k, v.reshape(t, self.hv, self.dv), g, beta, cache.state, tree,
+                                                scale=self.dk**-0.5, stash_out=stacked[0] if stacked else None)
         cache.pending, cache.pending_conv_inputs, cache.pending_mode = pending, mixed, mode
         # stacked only if the fork really wrote there (a one-node tree takes the decode step instead)
         cache.stacked_nodes = t if stacked and verify.pending_uses_stash(pending, stacked[0]) else None

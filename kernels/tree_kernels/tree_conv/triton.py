@@ -14,8 +14,9 @@ import triton
 import triton.language as tl
 
 from .._triton_common import as_last_contiguous, next_pow2, path_operand
+from ..norms.triton import gdn_gate_values
 
-__all__ = ["tree_conv1d", "tree_conv_commit", "tree_conv_commit_layers", "conv1d_decode_step", "MAX_COMMIT_WIDTH"]
+__all__ = ["tree_conv1d", "tree_conv1d_gdn_gates", "gdn_gates_block", "tree_conv_commit", "tree_conv_commit_layers", "conv1d_decode_step", "MAX_COMMIT_WIDTH"]
 
 MAX_COMMIT_WIDTH = 4  # widths 2..4 in one launch (conv states of up to three columns)
 
@@ -117,6 +118,112 @@ def _conv_decode_kernel(
         tl.store(Out + cols * so_c, s1.to(od), mask=cm)
         tl.store(Out + cols * so_c + so_w, s2.to(od), mask=cm)
         tl.store(Out + cols * so_c + 2 * so_w, xv.to(od), mask=cm)
+
+
+@triton.jit
+def _tree_conv_gdn_kernel(
+    X, CS, Wt, Idx, QN, KN, V, XOut, B, A, ALog, DtBias, Beta, G,
+    T, C, KD, HV, NCB,
+    sx_t, scs_c, scs_w, sw_c, sw_w, si_t, sxo_t, sb_t, sa_t,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DK: tl.constexpr, BHV: tl.constexpr, SAVE_X: tl.constexpr,
+):
+    # program (node block, channel block): the tree conv + SiLU of _tree_conv_kernel, rounded to x's
+    # dtype as there; a block of q or k channels (whole heads: BC divides KD, DK divides BC) is then
+    # l2-normalised per head in fp32 as gdn_gates does, a block of v stored as it is. The extra
+    # channel-block column (pid 1 == NCB) computes beta and g for its nodes.
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    rm = rows < T
+    cb = tl.program_id(1)
+    if cb < NCB:
+        cols = cb * BC + tl.arange(0, BC)
+        cm = cols < C
+        acc = tl.zeros([BT, BC], dtype=tl.float32)
+        for w in tl.static_range(W):
+            idx = tl.load(Idx + rows * si_t + w, mask=rm, other=0)
+            node = idx >= 0
+            xv = tl.load(X + idx[:, None] * sx_t + cols[None, :], mask=(rm & node)[:, None] & cm[None, :], other=0.0)
+            sv = tl.load(CS + cols[None, :] * scs_c + (idx + W - 1)[:, None] * scs_w,
+                         mask=(rm & (idx < 0))[:, None] & cm[None, :], other=0.0)
+            val = tl.where(node[:, None], xv.to(tl.float32), sv.to(tl.float32))
+            wv = tl.load(Wt + cols * sw_c + w * sw_w, mask=cm, other=0.0).to(tl.float32)
+            acc += val * wv[None, :]
+        m2 = rm[:, None] & cm[None, :]
+        if SAVE_X:
+            xs = tl.load(X + rows[:, None] * sx_t + cols[None, :], mask=m2, other=0.0)
+            tl.store(XOut + rows[:, None] * sxo_t + cols[None, :], xs.to(XOut.dtype.element_ty), mask=m2)
+        y = (acc / (1.0 + tl.exp(-acc))).to(X.dtype.element_ty)
+        c0 = cb * BC
+        if c0 < 2 * KD:
+            y3 = tl.reshape(y.to(tl.float32), (BT, BC // DK, DK))
+            inv = 1.0 / tl.sqrt(tl.sum(y3 * y3, axis=2) + 1e-6)
+            yn = tl.reshape(y3 * inv[:, :, None], (BT, BC))
+            if c0 < KD:
+                tl.store(QN + rows[:, None] * KD + cols[None, :], yn, mask=m2)
+            else:
+                tl.store(KN + rows[:, None] * KD + (cols - KD)[None, :], yn, mask=m2)
+        else:
+            tl.store(V + rows[:, None] * (C - 2 * KD) + (cols - 2 * KD)[None, :], y, mask=m2)
+    else:
+        rv = tl.arange(0, BHV)
+        for i in tl.static_range(BT):
+            t = tl.program_id(0) * BT + i
+            mv = rv < tl.where(t < T, HV, 0)  # (a node past T: nothing)
+            beta, g = gdn_gate_values(B + t * sb_t, A + t * sa_t, ALog, DtBias, rv, mv)
+            tl.store(Beta + t * HV + rv, beta.to(Beta.dtype.element_ty), mask=mv)
+            tl.store(G + t * HV + rv, g, mask=mv)
+
+
+def gdn_gates_block(key_dim: int, dk: int, limit: int = 256) -> int | None:
+    """The channel block of tree_conv1d_gdn_gates: whole heads (a power-of-two multiple of dk, at
+    most ``limit`` unless one head is wider) dividing key_dim; None where dk is not a power of two."""
+    if dk < 1 or dk & (dk - 1) or key_dim % dk:
+        return None
+    heads = key_dim // dk
+    per = 1
+    while dk * per * 2 <= limit and heads % (per * 2) == 0:
+        per *= 2
+    return dk * per
+
+
+def tree_conv1d_gdn_gates(x, conv_state, weight, index, b, a, A_log, dt_bias, key_dim: int, dk: int, *,
+                          x_out: torch.Tensor | None = None, block_t: int | None = None, num_warps: int = 4):
+    """The GDN layer's tree conv (SiLU, no bias) and its gates in one launch. x [T, C] holds q | k | v
+    (C = 2 key_dim + value_dim). Returns (q, k [T, key_dim // dk, dk] fp32 l2-normed, v [T, value_dim]
+    in x's dtype, beta [T, HV] in b's dtype, g [T, HV] fp32): what tree_conv1d then gdn_gates give."""
+    width = weight.shape[-1]
+    t, c = x.shape
+    hv = b.shape[-1]
+    bc = gdn_gates_block(key_dim, dk)
+    if bc is None:
+        raise ValueError(f"tree_conv1d_gdn_gates: head dim {dk} must be a power of two dividing key_dim {key_dim}")
+    if c <= 2 * key_dim or index.shape != (t, width) or conv_state.shape != (c, width - 1) or not 2 <= width <= 4:
+        raise ValueError(f"tree_conv1d_gdn_gates: x {tuple(x.shape)}, conv_state {tuple(conv_state.shape)}, weight "
+                         f"{tuple(weight.shape)}, index {tuple(index.shape)}, key_dim {key_dim} do not fit")
+    if b.shape != (t, hv) or a.shape != (t, hv) or A_log.shape != (hv,) or dt_bias.shape != (hv,):
+        raise ValueError(f"tree_conv1d_gdn_gates: b {tuple(b.shape)}, a {tuple(a.shape)}, A_log {tuple(A_log.shape)}, "
+                         f"dt_bias {tuple(dt_bias.shape)} do not fit {t} nodes")
+    if x_out is not None and (x_out.shape != (t, c) or x_out.stride(-1) != 1):
+        raise ValueError(f"tree_conv1d_gdn_gates: x_out must be a {(t, c)} tensor with contiguous rows, got {tuple(x_out.shape)}")
+    x, index = as_last_contiguous(x), as_last_contiguous(index)
+    b = b if b.stride(-1) == 1 else b.contiguous()
+    a = a if a.stride(-1) == 1 else a.contiguous()
+    dev = x.device
+    q = torch.empty(t, key_dim // dk, dk, dtype=torch.float32, device=dev)
+    k = torch.empty_like(q)
+    v = torch.empty(t, c - 2 * key_dim, dtype=x.dtype, device=dev)
+    beta = torch.empty(t, hv, dtype=b.dtype, device=dev)
+    g = torch.empty(t, hv, dtype=torch.float32, device=dev)
+    if t:
+        bt = block_t or min(16, max(2, next_pow2(t)))
+        ncb = triton.cdiv(c, bc)
+        _tree_conv_gdn_kernel[(triton.cdiv(t, bt), ncb + 1)](
+            x, conv_state, weight, index, q, k, v, x_out if x_out is not None else v, b, a, A_log, dt_bias, beta, g,
+            t, c, key_dim, hv, ncb,
+            x.stride(0), conv_state.stride(0), conv_state.stride(1), weight.stride(0), weight.stride(1), index.stride(0),
+            x_out.stride(0) if x_out is not None else 0, b.stride(0), a.stride(0),
+            W=width, BT=bt, BC=bc, DK=dk, BHV=max(2, next_pow2(hv)), SAVE_X=x_out is not None, num_warps=num_warps,
+        )
+    return q, k, v, beta, g
 
 
 def _activation(activation) -> bool:
