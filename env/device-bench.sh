@@ -28,8 +28,8 @@ if [[ "$part" == pairs || "$part" == all ]]; then
 fi
 if [[ "$part" == 27b || "$part" == all ]]; then
   # Qwen3.6-27B dims: AR step (+ kernel profile), verify 17-257 tokens fork/unsafe, draft; the other
-  # fused-norm setting beside it (add --compile for torch.compile'd layers: not yet run on the device)
-  python3 -m workbench.bench.e2e --skip-pairs --profile --both-norms --commit-in-forward --gdn-blocked --out "$out/e2e-27b.json" 2>&1 | tee "$out/e2e-27b.log"
+  # fused-norm setting and the verify round's fusions switched off beside it (add --compile for torch.compile'd layers: not yet run on the device)
+  python3 -m workbench.bench.e2e --skip-pairs --profile --both-norms --commit-in-forward --gdn-blocked --fusion-variants --out "$out/e2e-27b.json" 2>&1 | tee "$out/e2e-27b.log"
 fi
 if [[ "$part" == few-rows ]]; then
   # the verify's GEMMs: cuBLAS's call layouts against the Triton few-rows GEMM's "swap" layouts at

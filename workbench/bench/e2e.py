@@ -474,8 +474,19 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
                 stack.enter_context(ctx)
             return stack
 
-        got = {}
+        from tree_kernels.tree_conv import triton as tconv
+
+        @contextlib.contextmanager
+        def conv_gates_warps(n):
+            old, tconv.GDN_GATES_WARPS = tconv.GDN_GATES_WARPS, n
+            try:
+                yield
+            finally:
+                tconv.GDN_GATES_WARPS = old
+
+        got = {"conv_gates_warps_default": tconv.GDN_GATES_WARPS}
         variants = (("default", contextlib.nullcontext),
+                    ("conv_gates_4_warps", lambda: conv_gates_warps(4)),  # the fused kernel where it spills
                     ("conv_gates_unfused", lambda: tk.use_fused_conv_gates(False)),  # tree conv + gates: two launches per GDN layer
                     ("per_layer_recurrent", lambda: use_stacked_commit(False)),  # GDN + conv commits: two per GDN layer
                     ("all_off", all_off))  # and the KV commit as seven torch launches per attention layer

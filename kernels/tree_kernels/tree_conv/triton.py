@@ -173,6 +173,11 @@ def _tree_conv_gdn_kernel(
             tl.store(G + t * HV + rv, g, mask=mv)
 
 
+# 8 warps: at 4 the [16, 256] tile with its four taps in flight needs 255 registers and spills
+# 208 bytes a thread (sm_90, bench.regs-style AOT compile), at 8 it takes 212 and spills nothing
+GDN_GATES_WARPS = 8
+
+
 def gdn_gates_block(key_dim: int, dk: int, limit: int = 256) -> int | None:
     """The channel block of tree_conv1d_gdn_gates: whole heads (a power-of-two multiple of dk, at
     most ``limit`` unless one head is wider) dividing key_dim; None where dk is not a power of two."""
@@ -186,7 +191,7 @@ def gdn_gates_block(key_dim: int, dk: int, limit: int = 256) -> int | None:
 
 
 def tree_conv1d_gdn_gates(x, conv_state, weight, index, b, a, A_log, dt_bias, key_dim: int, dk: int, *,
-                          x_out: torch.Tensor | None = None, block_t: int | None = None, num_warps: int = 4):
+                          x_out: torch.Tensor | None = None, block_t: int | None = None, num_warps: int | None = None):
     """The GDN layer's tree conv (SiLU, no bias) and its gates in one launch. x [T, C] holds q | k | v
     (C = 2 key_dim + value_dim). Returns (q, k [T, key_dim // dk, dk] fp32 l2-normed, v [T, value_dim]
     in x's dtype, beta [T, HV] in b's dtype, g [T, HV] fp32): what tree_conv1d then gdn_gates give."""
@@ -221,7 +226,8 @@ def tree_conv1d_gdn_gates(x, conv_state, weight, index, b, a, A_log, dt_bias, ke
             t, c, key_dim, hv, ncb,
             x.stride(0), conv_state.stride(0), conv_state.stride(1), weight.stride(0), weight.stride(1), index.stride(0),
             x_out.stride(0) if x_out is not None else 0, b.stride(0), a.stride(0),
-            W=width, BT=bt, BC=bc, DK=dk, BHV=max(2, next_pow2(hv)), SAVE_X=x_out is not None, num_warps=num_warps,
+            W=width, BT=bt, BC=bc, DK=dk, BHV=max(2, next_pow2(hv)), SAVE_X=x_out is not None,
+            num_warps=num_warps or GDN_GATES_WARPS,
         )
     return q, k, v, beta, g
 
