@@ -40,7 +40,7 @@ def kv_write_static(k_buf, v_buf, start, k, v) -> None:
     return naive.kv_write_static(k_buf, v_buf, start, k, v)
 
 
-_kv_commit_launch = True  # use_kv_commit_launch(False): the torch gathers and index_copy_ (bench.e2e --commit-variants)
+_kv_commit_launch = True  # use_kv_commit_launch(False): the torch gathers and index_copy_ (bench.e2e --fusion-variants)
 
 
 @contextlib.contextmanager

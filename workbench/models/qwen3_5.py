@@ -48,7 +48,7 @@ class GatedRMSNorm(nn.Module):
 
 # The fast path's commit of every GDN layer in two launches (RecurrentStack) instead of two per
 # layer. WORKBENCH_STACKED_COMMIT=0 or use_stacked_commit(False) (read when a cache is made) keeps
-# the per-layer commits, which bench.e2e --stacked-commit times side by side.
+# the per-layer commits, which bench.e2e --fusion-variants times side by side.
 _stacked_commit = os.environ.get("WORKBENCH_STACKED_COMMIT", "1").lower() in ("1", "true", "on", "yes")
 
 
