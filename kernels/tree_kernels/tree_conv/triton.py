@@ -22,6 +22,23 @@ MAX_COMMIT_WIDTH = 4  # widths 2..4 in one launch (conv states of up to three co
 
 
 @triton.jit
+def _conv_taps(X, CS, Wt, Idx, rows, rm, cols, cm, sx_t, scs_c, scs_w, sw_c, sw_w, si_t,
+               W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """sum_w weight[:, w] * (x or conv-state column) at tap w of each node, fp32 [BT, BC]."""
+    acc = tl.zeros([BT, BC], dtype=tl.float32)
+    for w in tl.static_range(W):
+        idx = tl.load(Idx + rows * si_t + w, mask=rm, other=0)
+        node = idx >= 0
+        xv = tl.load(X + idx[:, None] * sx_t + cols[None, :], mask=(rm & node)[:, None] & cm[None, :], other=0.0)
+        sv = tl.load(CS + cols[None, :] * scs_c + (idx + W - 1)[:, None] * scs_w,
+                     mask=(rm & (idx < 0))[:, None] & cm[None, :], other=0.0)
+        val = tl.where(node[:, None], xv.to(tl.float32), sv.to(tl.float32))
+        wv = tl.load(Wt + cols * sw_c + w * sw_w, mask=cm, other=0.0).to(tl.float32)
+        acc += val * wv[None, :]
+    return acc
+
+
+@triton.jit
 def _tree_conv_kernel(
     X, CS, Wt, Bias, Idx, Y, XOut,
     T, C,
@@ -33,16 +50,7 @@ def _tree_conv_kernel(
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     rm = rows < T
     cm = cols < C
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
-    for w in tl.static_range(W):
-        idx = tl.load(Idx + rows * si_t + w, mask=rm, other=0)
-        node = idx >= 0
-        xv = tl.load(X + idx[:, None] * sx_t + cols[None, :], mask=(rm & node)[:, None] & cm[None, :], other=0.0)
-        sv = tl.load(CS + cols[None, :] * scs_c + (idx + W - 1)[:, None] * scs_w,
-                     mask=(rm & (idx < 0))[:, None] & cm[None, :], other=0.0)
-        val = tl.where(node[:, None], xv.to(tl.float32), sv.to(tl.float32))
-        wv = tl.load(Wt + cols * sw_c + w * sw_w, mask=cm, other=0.0).to(tl.float32)
-        acc += val * wv[None, :]
+    acc = _conv_taps(X, CS, Wt, Idx, rows, rm, cols, cm, sx_t, scs_c, scs_w, sw_c, sw_w, si_t, W, BT, BC)
     if SAVE_X:  # the nodes' own inputs, kept for the commit (the last tap read them already: an L1/L2 hit)
         xs = tl.load(X + rows[:, None] * sx_t + cols[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
         tl.store(XOut + rows[:, None] * sxo_t + cols[None, :], xs.to(XOut.dtype.element_ty), mask=rm[:, None] & cm[None, :])
@@ -137,16 +145,7 @@ def _tree_conv_gdn_kernel(
     if cb < NCB:
         cols = cb * BC + tl.arange(0, BC)
         cm = cols < C
-        acc = tl.zeros([BT, BC], dtype=tl.float32)
-        for w in tl.static_range(W):
-            idx = tl.load(Idx + rows * si_t + w, mask=rm, other=0)
-            node = idx >= 0
-            xv = tl.load(X + idx[:, None] * sx_t + cols[None, :], mask=(rm & node)[:, None] & cm[None, :], other=0.0)
-            sv = tl.load(CS + cols[None, :] * scs_c + (idx + W - 1)[:, None] * scs_w,
-                         mask=(rm & (idx < 0))[:, None] & cm[None, :], other=0.0)
-            val = tl.where(node[:, None], xv.to(tl.float32), sv.to(tl.float32))
-            wv = tl.load(Wt + cols * sw_c + w * sw_w, mask=cm, other=0.0).to(tl.float32)
-            acc += val * wv[None, :]
+        acc = _conv_taps(X, CS, Wt, Idx, rows, rm, cols, cm, sx_t, scs_c, scs_w, sw_c, sw_w, si_t, W, BT, BC)
         m2 = rm[:, None] & cm[None, :]
         if SAVE_X:
             xs = tl.load(X + rows[:, None] * sx_t + cols[None, :], mask=m2, other=0.0)
