@@ -338,3 +338,21 @@ def test_stacked_recurrent_commit_gives_the_tokens_of_the_per_layer_commits(back
             assert trace.generated_ids == ref_seq[len(prompt) : len(prompt) + 14], (stacked, method)
     assert [r.accepted for r in runs[True, "ddtree"].rounds] == [r.accepted for r in runs[False, "ddtree"].rounds]
     assert any(r.through_sibling for r in runs[True, "ddtree"].rounds)
+
+
+def test_the_round_fusions_are_on_unless_the_environment_says_no():
+    """The three switches bench.e2e compares (stacked commit, KV commit launch, fused conv + gates):
+    on by default, off for a process started with their variables at 0."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import tree_kernels as tk, tree_kernels.static as st; from workbench.models import qwen3_5 as q; "
+            "print(q._stacked_commit, st._kv_commit_launch, tk._conv_gates)")
+    env = dict(os.environ)
+    for name in ("WORKBENCH_STACKED_COMMIT", "WORKBENCH_KV_COMMIT_LAUNCH", "WORKBENCH_FUSED_CONV_GATES"):
+        env.pop(name, None)
+    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    env.update(WORKBENCH_STACKED_COMMIT="0", WORKBENCH_KV_COMMIT_LAUNCH="0", WORKBENCH_FUSED_CONV_GATES="0")
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert on == ["True"] * 3 and off == ["False"] * 3

@@ -10,6 +10,7 @@ The references live in ``tree_<op>/naive.py`` and are what every kernel is teste
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -238,7 +239,9 @@ def gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype=torch.float32):
     return norms_naive.gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype)
 
 
-_conv_gates = True  # use_fused_conv_gates(False): tree conv and gates as two launches (bench.e2e --conv-gates)
+# use_fused_conv_gates(False) or WORKBENCH_FUSED_CONV_GATES=0: the tree conv and the gates as two
+# launches (bench.e2e --fusion-variants compares them)
+_conv_gates = os.environ.get("WORKBENCH_FUSED_CONV_GATES", "1").lower() in ("1", "true", "on", "yes")
 
 
 @contextlib.contextmanager

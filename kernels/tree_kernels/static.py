@@ -6,6 +6,7 @@ tested against; the prefix length and the accepted path arrive as device tensors
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -40,7 +41,9 @@ def kv_write_static(k_buf, v_buf, start, k, v) -> None:
     return naive.kv_write_static(k_buf, v_buf, start, k, v)
 
 
-_kv_commit_launch = True  # use_kv_commit_launch(False): the torch gathers and index_copy_ (bench.e2e --fusion-variants)
+# use_kv_commit_launch(False) or WORKBENCH_KV_COMMIT_LAUNCH=0: the torch gathers and index_copy_
+# (bench.e2e --fusion-variants compares them)
+_kv_commit_launch = os.environ.get("WORKBENCH_KV_COMMIT_LAUNCH", "1").lower() in ("1", "true", "on", "yes")
 
 
 @contextlib.contextmanager
