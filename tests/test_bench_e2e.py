@@ -25,6 +25,7 @@ def test_e2e_pairs_on_cpu_write_rows_and_print_the_table(tmp_path, capsys):
     unsafe = [r for r in rows if r["recurrent"] == "unsafe"]
     assert unsafe and all(r["variant"] == "reference_norms" for r in unsafe)
     assert result["pairs"]["tiny-hybrid"]["model_sha256"]  # budget auto checks these
+    assert result["round_fusions"] == {"stacked_commit": True, "kv_commit_launch": True, "fused_conv_gates": True}
     printed = capsys.readouterr().out
     assert "tiny-hybrid: tokens/s" in printed and "fused_norms" in printed and "identical 1/1" in printed
 

@@ -57,6 +57,17 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.machine()})"
 
 
+def round_fusions() -> dict:
+    """The verify round's launch fusions this run's defaults used (each switchable by its environment variable)."""
+    import tree_kernels as tk
+    from tree_kernels import static as st
+
+    from ..models import qwen3_5
+
+    return {"stacked_commit": qwen3_5._stacked_commit, "kv_commit_launch": st._kv_commit_launch,
+            "fused_conv_gates": tk._conv_gates}
+
+
 def few_rows_default() -> dict:
     """Whether this run's verify GEMMs went through tuned few-rows routes by default (the committed table)."""
     try:
@@ -607,7 +618,8 @@ def main(argv=None) -> dict:
 
     result = {"benchmark": "e2e", "date": dt.datetime.now().isoformat(timespec="seconds"), "device": device_name(),
               "versions": versions(), "statistic": "median of repeats (27B dims); totals over prompts (pairs)",
-              "settings": {k: v for k, v in vars(args).items()}, "pairs": {}, "few_rows_default": few_rows_default()}
+              "settings": {k: v for k, v in vars(args).items()}, "pairs": {}, "few_rows_default": few_rows_default(),
+              "round_fusions": round_fusions()}
     taus = {}
     slug = device_name().lower().replace(" ", "-")
     out = Path(args.out) if args.out else RESULTS / f"e2e-{slug}-{dt.date.today().isoformat()}.json"
