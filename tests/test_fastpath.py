@@ -348,7 +348,7 @@ def test_the_round_fusions_are_on_unless_the_environment_says_no():
     import sys
 
     code = ("import tree_kernels as tk, tree_kernels.static as st; from workbench.models import qwen3_5 as q; "
-            "print(q._stacked_commit, st._kv_commit_launch, tk._conv_gates)")
+            "print(q.stacked_commit_enabled(), st.kv_commit_launch_enabled(), tk.fused_conv_gates_enabled())")
     env = dict(os.environ)
     for name in ("WORKBENCH_STACKED_COMMIT", "WORKBENCH_KV_COMMIT_LAUNCH", "WORKBENCH_FUSED_CONV_GATES"):
         env.pop(name, None)

@@ -230,12 +230,7 @@ def tree_conv_gates(mode, x, conv_state, weight, tree: CompiledTree, b, a, A_log
     fork / unsafe: one launch on the fused Triton route (tk.tree_conv1d_gdn_gates); paths: the
     per-path oracle conv, then the gates."""
     if mode == "paths":
-        y = tree_conv(mode, x, conv_state, weight, None, tree)
-        t = x.shape[0]
-        up = torch.promote_types(x.dtype, torch.float32)
-        qn, kn, beta, g = tk.gdn_gates(y[:, :key_dim].reshape(t, -1, dk), y[:, key_dim : 2 * key_dim].reshape(t, -1, dk),
-                                       b, a, A_log, dt_bias, up)
-        return qn, kn, y[:, 2 * key_dim :], beta, g
+        return tk.gdn_gates_of_conv(tree_conv(mode, x, conv_state, weight, None, tree), b, a, A_log, dt_bias, key_dim, dk)
     view = tree.flattened() if mode == "unsafe" else tree
     return tk.tree_conv1d_gdn_gates(x, conv_state, weight, view.conv_table(weight.shape[-1]), b, a, A_log, dt_bias,
                                     key_dim, dk, x_out=x_out)

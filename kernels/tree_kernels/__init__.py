@@ -9,12 +9,9 @@ The references live in ``tree_<op>/naive.py`` and are what every kernel is teste
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 
-from .backend import (fused_norms_enabled, gemv_enabled, get_backend, set_backend, set_fused_norms, set_gemv,
+from .backend import (Switch, fused_norms_enabled, gemv_enabled, get_backend, set_backend, set_fused_norms, set_gemv,
                       triton_available, use_backend, use_fused_norms, use_gemv, use_triton)
 from .tree_attention import naive as attention_naive
 from .tree_build import naive as build_naive
@@ -239,38 +236,34 @@ def gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype=torch.float32):
     return norms_naive.gdn_gates(q, k, b, a, A_log, dt_bias, up_dtype)
 
 
-# use_fused_conv_gates(False) or WORKBENCH_FUSED_CONV_GATES=0: the tree conv and the gates as two
-# launches (bench.e2e --fusion-variants compares them)
-_conv_gates = os.environ.get("WORKBENCH_FUSED_CONV_GATES", "1").lower() in ("1", "true", "on", "yes")
+# The GDN layer's tree conv and gates in one launch (tree_conv/triton.py). use_fused_conv_gates(False)
+# or WORKBENCH_FUSED_CONV_GATES=0: two launches (bench.e2e --fusion-variants compares them)
+_conv_gates = Switch("WORKBENCH_FUSED_CONV_GATES")
+fused_conv_gates_enabled, use_fused_conv_gates = _conv_gates.enabled, _conv_gates.use
 
 
-@contextlib.contextmanager
-def use_fused_conv_gates(enabled: bool = True):
-    global _conv_gates
-    old, _conv_gates = _conv_gates, bool(enabled)
-    try:
-        yield
-    finally:
-        _conv_gates = old
+def gdn_gates_of_conv(y, b, a, A_log, dt_bias, key_dim, dk):
+    """The gates of a GDN layer's conv output y [T, 2 key_dim + value_dim] (q | k | v): (l2-normed
+    q, k [T, H, dk], v [T, value_dim] as a view of y, beta, g)."""
+    t = y.shape[0]
+    up = torch.promote_types(y.dtype, torch.float32)
+    qn, kn, beta, g = gdn_gates(y[:, :key_dim].reshape(t, -1, dk), y[:, key_dim : 2 * key_dim].reshape(t, -1, dk),
+                                b, a, A_log, dt_bias, up)
+    return qn, kn, y[:, 2 * key_dim :], beta, g
 
 
 def tree_conv1d_gdn_gates(x, conv_state, weight, index, b, a, A_log, dt_bias, key_dim, dk, x_out=None):
     """A GDN layer's tree conv (SiLU, no bias) then its gates: (l2-normed q, k [T, H, dk] fp32, v
     [T, value_dim], beta, g), one launch on the fused Triton route (tree_conv1d then gdn_gates
     otherwise). ``x_out``: also keep the conv inputs there (as tree_conv1d)."""
-    from .tree_conv import triton as conv_impl
+    if _conv_gates.on and 2 <= weight.shape[-1] <= 4 and _fused(x, conv_state, weight, b, a, A_log, dt_bias):
+        from .tree_conv import triton as conv_impl
 
-    width = weight.shape[-1]
-    if (_conv_gates and _fused(x, conv_state, weight, b, a, A_log, dt_bias) and 2 <= width <= 4
-            and conv_impl.gdn_gates_block(key_dim, dk) is not None):
-        return conv_impl.tree_conv1d_gdn_gates(x, conv_state, weight, index, b, a, A_log, dt_bias, key_dim, dk, x_out=x_out)
+        if conv_impl.gdn_gates_block(key_dim, dk) is not None:
+            return conv_impl.tree_conv1d_gdn_gates(x, conv_state, weight, index, b, a, A_log, dt_bias, key_dim, dk,
+                                                   x_out=x_out)
     extra = {"x_out": x_out} if x_out is not None else {}
-    y = tree_conv1d(x, conv_state, weight, None, index, "silu", **extra)
-    t = x.shape[0]
-    q, k, v = y[:, :key_dim], y[:, key_dim : 2 * key_dim], y[:, 2 * key_dim :]
-    up = torch.promote_types(x.dtype, torch.float32)
-    qn, kn, beta, g = gdn_gates(q.reshape(t, -1, dk), k.reshape(t, -1, dk), b, a, A_log, dt_bias, up)
-    return qn, kn, v, beta, g
+    return gdn_gates_of_conv(tree_conv1d(x, conv_state, weight, None, index, "silu", **extra), b, a, A_log, dt_bias, key_dim, dk)
 
 
 def qk_norm_rotary(q, k, wq, wk, eps, zero_centered, cos, sin):

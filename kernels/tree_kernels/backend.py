@@ -17,7 +17,7 @@ if _backend not in _CHOICES:
     raise ValueError(f"WORKBENCH_KERNELS={_backend!r}: expected one of {_CHOICES}")
 
 
-class _Switch:
+class Switch:
     """An on/off setting: read from an environment variable at import, changed at run time with
     ``set`` or, for a block, ``use``."""
 
@@ -43,13 +43,13 @@ class _Switch:
 # H200 they are 3-6x faster per call than the torch chains with the same error against fp32, and
 # doubled the bundled hybrid's AR tokens/s (data/results/kernels-*, e2e-*). WORKBENCH_FUSED_NORMS=0
 # (or set_fused_norms(False)) keeps the torch references with the Triton tree kernels.
-_fused_norms = _Switch("WORKBENCH_FUSED_NORMS")
+_fused_norms = Switch("WORKBENCH_FUSED_NORMS")
 set_fused_norms, fused_norms_enabled, use_fused_norms = _fused_norms.set, _fused_norms.enabled, _fused_norms.use
 
 # The one-row linear layers (the AR step's GEMMs) as a Triton GEMV: on the H200 it reads the 27B
 # weights at 88-109 % of the copy bandwidth where cuBLAS reads them at 83-101 %
 # (data/results/gemv-*). WORKBENCH_GEMV=0 (or set_gemv(False)) keeps cuBLAS.
-_gemv = _Switch("WORKBENCH_GEMV")
+_gemv = Switch("WORKBENCH_GEMV")
 set_gemv, gemv_enabled, use_gemv = _gemv.set, _gemv.enabled, _gemv.use
 
 

@@ -5,12 +5,9 @@ tested against; the prefix length and the accepted path arrive as device tensors
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 
-from .backend import use_triton
+from .backend import Switch, use_triton
 from .tree_gdn.naive import TreeGDNStash
 
 _TRITON_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -41,24 +38,15 @@ def kv_write_static(k_buf, v_buf, start, k, v) -> None:
     return naive.kv_write_static(k_buf, v_buf, start, k, v)
 
 
-# use_kv_commit_launch(False) or WORKBENCH_KV_COMMIT_LAUNCH=0: the torch gathers and index_copy_
-# (bench.e2e --fusion-variants compares them)
-_kv_commit_launch = os.environ.get("WORKBENCH_KV_COMMIT_LAUNCH", "1").lower() in ("1", "true", "on", "yes")
-
-
-@contextlib.contextmanager
-def use_kv_commit_launch(enabled: bool = True):
-    global _kv_commit_launch
-    old, _kv_commit_launch = _kv_commit_launch, bool(enabled)
-    try:
-        yield
-    finally:
-        _kv_commit_launch = old
+# The KV commit in one launch (kv_write/triton.py). use_kv_commit_launch(False) or
+# WORKBENCH_KV_COMMIT_LAUNCH=0: the torch gathers and index_copy_ (bench.e2e --fusion-variants compares them)
+_kv_commit_launch = Switch("WORKBENCH_KV_COMMIT_LAUNCH")
+kv_commit_launch_enabled, use_kv_commit_launch = _kv_commit_launch.enabled, _kv_commit_launch.use
 
 
 def kv_commit_static(k_buf, v_buf, start, path, count) -> None:
     """After the walk: rows start + path[i] to start + i for the first ``count`` slots, in place."""
-    if (_kv_commit_launch and use_triton(k_buf) and k_buf.dtype in _TRITON_FLOATS and k_buf.is_contiguous()
+    if (_kv_commit_launch.on and use_triton(k_buf) and k_buf.dtype in _TRITON_FLOATS and k_buf.is_contiguous()
             and v_buf.is_contiguous()):
         from .kv_write import triton as impl
 

@@ -64,8 +64,8 @@ def round_fusions() -> dict:
 
     from ..models import qwen3_5
 
-    return {"stacked_commit": qwen3_5._stacked_commit, "kv_commit_launch": st._kv_commit_launch,
-            "fused_conv_gates": tk._conv_gates}
+    return {"stacked_commit": qwen3_5.stacked_commit_enabled(), "kv_commit_launch": st.kv_commit_launch_enabled(),
+            "fused_conv_gates": tk.fused_conv_gates_enabled()}
 
 
 def few_rows_default() -> dict:
@@ -453,29 +453,38 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         from ..fastpath import use_commit_in_forward
 
         out["commit_in_forward_off"] = variant("commit in forward off", use_commit_in_forward(False))
+    def interleaved(name: str, variants, got: dict) -> dict:
+        """Verify 17 and 65 (fork) under each (label, make_context) in turn, the first labelled
+        "default"; every other variant's time over the default's, logged. Errors are reported in
+        ``got``: the default numbers above still stand."""
+        try:
+            for budget in (16, 64):
+                for label, make in variants:
+                    with make():
+                        eng = engine_for("ddtree", budget)
+                        got[f"verify_{budget + 1}_fork_{label}_ms"] = time_step(eng, "round", eng._round_step)
+                        del eng
+                base = got[f"verify_{budget + 1}_fork_default_ms"]
+                for label, _ in variants[1:]:
+                    ms = got[f"verify_{budget + 1}_fork_{label}_ms"]
+                    got[f"verify_{budget + 1}_{label}_over_default"] = ms / base
+                    log(f"27B dims, {name} {label}: verify {budget + 1} {ms:.2f} ms vs default {base:.2f} ms ({ms / base:.3f}x)")
+        except Exception as exc:
+            got["error"] = repr(exc)[:2000]
+            log(f"27B dims, {name} failed: {exc!r}"[:500])
+        return got
+
     if args.gdn_blocked:  # the verify's GDN layers with the dense solve switched, interleaved with the default
         from tree_kernels.tree_gdn import triton as tg
 
         flipped = "off" if tg.DENSE_MAX_NODES else "on"
-        got = {"dense_max_nodes_default": tg.DENSE_MAX_NODES}
-        try:
-            for budget in (16, 64):
-                for label, context in (("default", contextlib.nullcontext()), (flipped, tg.dense_fork(not tg.DENSE_MAX_NODES))):
-                    with context:
-                        eng = engine_for("ddtree", budget)
-                        got[f"verify_{budget + 1}_fork_{label}_ms"] = time_step(eng, "round", eng._round_step)
-                        del eng
-                ratio = got[f"verify_{budget + 1}_fork_{flipped}_ms"] / got[f"verify_{budget + 1}_fork_default_ms"]
-                got[f"verify_{budget + 1}_{flipped}_over_default"] = ratio
-                log(f"27B dims, gdn dense {flipped}: verify {budget + 1} {got[f'verify_{budget + 1}_fork_{flipped}_ms']:.2f} ms "
-                    f"vs default {got[f'verify_{budget + 1}_fork_default_ms']:.2f} ms ({ratio:.3f}x)")
-        except Exception as exc:
-            got["error"] = repr(exc)[:2000]
-            log(f"27B dims, gdn dense {flipped} failed: {exc!r}"[:500])
-        out["gdn_dense_" + flipped] = got
+        out["gdn_dense_" + flipped] = interleaved(
+            "gdn dense", (("default", contextlib.nullcontext), (flipped, lambda: tg.dense_fork(not tg.DENSE_MAX_NODES))),
+            {"dense_max_nodes_default": tg.DENSE_MAX_NODES})
     if args.fusion_variants:  # the verify round's launch fusions, each switched off, interleaved with the default
         import tree_kernels as tk
         from tree_kernels.static import use_kv_commit_launch
+        from tree_kernels.tree_conv import triton as tconv
 
         from ..models.qwen3_5 import use_stacked_commit
 
@@ -485,8 +494,6 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
                 stack.enter_context(ctx)
             return stack
 
-        from tree_kernels.tree_conv import triton as tconv
-
         @contextlib.contextmanager
         def conv_gates_warps(n):
             old, tconv.GDN_GATES_WARPS = tconv.GDN_GATES_WARPS, n
@@ -495,28 +502,12 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
             finally:
                 tconv.GDN_GATES_WARPS = old
 
-        got = {"conv_gates_warps_default": tconv.GDN_GATES_WARPS}
         variants = (("default", contextlib.nullcontext),
                     ("conv_gates_4_warps", lambda: conv_gates_warps(4)),  # the fused kernel where it spills
                     ("conv_gates_unfused", lambda: tk.use_fused_conv_gates(False)),  # tree conv + gates: two launches per GDN layer
                     ("per_layer_recurrent", lambda: use_stacked_commit(False)),  # GDN + conv commits: two per GDN layer
                     ("all_off", all_off))  # and the KV commit as seven torch launches per attention layer
-        try:
-            for budget in (16, 64):
-                for label, make in variants:
-                    with make():
-                        eng = engine_for("ddtree", budget)
-                        got[f"verify_{budget + 1}_fork_{label}_ms"] = time_step(eng, "round", eng._round_step)
-                        del eng
-                for label, _ in variants[1:]:
-                    ratio = got[f"verify_{budget + 1}_fork_{label}_ms"] / got[f"verify_{budget + 1}_fork_default_ms"]
-                    got[f"verify_{budget + 1}_{label}_over_default"] = ratio
-                    log(f"27B dims, {label}: verify {budget + 1} {got[f'verify_{budget + 1}_fork_{label}_ms']:.2f} ms "
-                        f"vs default {got[f'verify_{budget + 1}_fork_default_ms']:.2f} ms ({ratio:.3f}x)")
-        except Exception as exc:
-            got["error"] = repr(exc)[:2000]
-            log(f"27B dims, fusion variants failed: {exc!r}"[:500])
-        out["fusion_variants"] = got
+        out["fusion_variants"] = interleaved("fusions", variants, {"conv_gates_warps_default": tconv.GDN_GATES_WARPS})
     if args.few_rows_tuned:  # the verify's GEMMs through the Triton few-rows GEMM where a sweep tuned it, interleaved with cuBLAS
         from tree_kernels.gemv import triton as tgm
 

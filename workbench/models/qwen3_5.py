@@ -17,14 +17,12 @@ as one GEMM (common.PackedModule).
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import tree_kernels as tk
 from torch import nn
 from tree_kernels import static as static_kernels
 from tree_kernels import tree_conv_commit
+from tree_kernels.backend import Switch
 from tree_kernels.tree_gdn.naive import TreeGDNStash
 
 from .. import verify
@@ -49,17 +47,8 @@ class GatedRMSNorm(nn.Module):
 # The fast path's commit of every GDN layer in two launches (RecurrentStack) instead of two per
 # layer. WORKBENCH_STACKED_COMMIT=0 or use_stacked_commit(False) (read when a cache is made) keeps
 # the per-layer commits, which bench.e2e --fusion-variants times side by side.
-_stacked_commit = os.environ.get("WORKBENCH_STACKED_COMMIT", "1").lower() in ("1", "true", "on", "yes")
-
-
-@contextlib.contextmanager
-def use_stacked_commit(enabled: bool = True):
-    global _stacked_commit
-    old, _stacked_commit = _stacked_commit, bool(enabled)
-    try:
-        yield
-    finally:
-        _stacked_commit = old
+_stacked_commit = Switch("WORKBENCH_STACKED_COMMIT")
+stacked_commit_enabled, use_stacked_commit = _stacked_commit.enabled, _stacked_commit.use
 
 
 class RecurrentCache:
@@ -260,6 +249,6 @@ class Qwen3_5ForCausalLM(CausalLM):
     def new_cache(self, max_len: int):
         cache = super().new_cache(max_len)
         recurrent = [c for c in cache.layers if isinstance(c, RecurrentCache)]
-        if _stacked_commit and RecurrentStack.fits(recurrent):
+        if _stacked_commit.on and RecurrentStack.fits(recurrent):
             cache.shared.append(RecurrentStack(recurrent))
         return cache
