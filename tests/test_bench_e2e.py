@@ -25,7 +25,8 @@ def test_e2e_pairs_on_cpu_write_rows_and_print_the_table(tmp_path, capsys):
     unsafe = [r for r in rows if r["recurrent"] == "unsafe"]
     assert unsafe and all(r["variant"] == "reference_norms" for r in unsafe)
     assert result["pairs"]["tiny-hybrid"]["model_sha256"]  # budget auto checks these
-    assert result["round_fusions"] == {"stacked_commit": True, "kv_commit_launch": True, "fused_conv_gates": True}
+    assert result["round_fusions"] == {"stacked_commit": True, "kv_commit_launch": True, "fused_conv_gates": True,
+                                       "l2_prefetch": False, "l2_prefetch_bytes": 32 << 20}
     printed = capsys.readouterr().out
     assert "tiny-hybrid: tokens/s" in printed and "fused_norms" in printed and "identical 1/1" in printed
 
@@ -51,3 +52,22 @@ def test_bench_ties_finds_the_first_divergence_and_reads_its_logits(tmp_path):
     assert ties.first_divergence(target, prompt, [1, 2], [1, 2]) == {"identical": True}
     shorter = ties.first_divergence(target, prompt, [1, 2], [1, 2, 3])  # a prefix is not the same output
     assert not shorter["identical"] and shorter["position"] == 2 and not shorter["near_tie"]
+
+
+def test_prefetch_variants_set_and_restore_the_warmup():
+    """--prefetch-variants: "default" (the baseline every ratio is over) has the warm-up off, the
+    others on at their sizes and load policy; every setting is back afterwards."""
+    import tree_kernels as tk
+    from tree_kernels.l2_prefetch import triton as lp
+
+    from workbench.bench.e2e import prefetch_variants
+
+    before = (tk.l2_prefetch_enabled(), tk.L2_PREFETCH_BYTES, lp.DEFAULT_CONFIG["EVICT_LAST"])
+    seen = {}
+    for label, make in prefetch_variants():
+        with make():
+            seen[label] = (tk.l2_prefetch_enabled(), tk.L2_PREFETCH_BYTES >> 20, lp.DEFAULT_CONFIG["EVICT_LAST"])
+        assert (tk.l2_prefetch_enabled(), tk.L2_PREFETCH_BYTES, lp.DEFAULT_CONFIG["EVICT_LAST"]) == before
+    assert list(seen)[0] == "default" and seen["default"][0] is False
+    assert seen["l2_16mb"] == (True, 16, True) and seen["l2_48mb"] == (True, 48, True)
+    assert seen["l2_32mb_evict_normal"] == (True, 32, False)

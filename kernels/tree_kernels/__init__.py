@@ -52,6 +52,11 @@ __all__ = [
     "gemv_enabled",
     "set_gemv",
     "use_gemv",
+    "l2_prefetch_start",
+    "l2_prefetch_join",
+    "l2_prefetch_enabled",
+    "set_l2_prefetch",
+    "use_l2_prefetch",
 ]
 
 
@@ -323,3 +328,45 @@ def silu_mul(gate, up):
 
         return impl.silu_mul(gate, up)
     return norms_naive.silu_mul(gate, up)
+
+
+# L2 warm-up of a weight on a side stream (l2_prefetch/naive.py says why). Off unless
+# WORKBENCH_L2_PREFETCH=1 or use_l2_prefetch(True): a default only after a device run measured it
+# (bench.e2e --prefetch-variants). WORKBENCH_L2_PREFETCH_MB sets how much of each weight is read.
+_l2_prefetch = Switch("WORKBENCH_L2_PREFETCH", default=False)
+set_l2_prefetch, l2_prefetch_enabled, use_l2_prefetch = _l2_prefetch.set, _l2_prefetch.enabled, _l2_prefetch.use
+L2_PREFETCH_BYTES = int(float(__import__("os").environ.get("WORKBENCH_L2_PREFETCH_MB", "32")) * (1 << 20))
+_SIDE_STREAMS: dict = {}
+
+
+def l2_prefetch_start(weight: torch.Tensor):
+    """Start reading the first L2_PREFETCH_BYTES of ``weight`` after the work queued so far, on a
+    side stream (one per device), so they sit in L2 when the GEMM that needs them runs. Returns the
+    handle for ``l2_prefetch_join`` (None when nothing is pending). A no-op when off, under
+    torch.compile, or for a weight that is not one contiguous range; on a CPU with the Triton
+    backend forced (tests) the read runs inline."""
+    if not (_l2_prefetch.on and L2_PREFETCH_BYTES > 0 and weight.is_contiguous() and use_triton(weight)
+            and weight.numel() * weight.element_size() % 4 == 0) or torch.compiler.is_compiling():
+        return None
+    from ._triton_common import scratch
+    from .l2_prefetch import triton as impl
+
+    out = scratch("l2_prefetch", impl.DEFAULT_CONFIG["PROGRAMS"], torch.int32, weight.device)
+    if weight.device.type != "cuda":
+        impl.l2_prefetch(weight, L2_PREFETCH_BYTES, out=out)
+        return None
+    main = torch.cuda.current_stream(weight.device)
+    side = _SIDE_STREAMS.get(weight.device)
+    if side is None:
+        side = _SIDE_STREAMS[weight.device] = torch.cuda.Stream(weight.device)
+    side.wait_stream(main)  # after the GEMM before it: read beside the latency-bound kernels, not against it
+    with torch.cuda.stream(side):
+        impl.l2_prefetch(weight, L2_PREFETCH_BYTES, out=out)
+    return side
+
+
+def l2_prefetch_join(handle) -> None:
+    """The current stream waits for the read ``l2_prefetch_start`` began (a CUDA graph's side
+    stream must rejoin before the capture ends)."""
+    if handle is not None:
+        torch.cuda.current_stream(handle.device).wait_stream(handle)

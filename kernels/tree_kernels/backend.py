@@ -21,8 +21,8 @@ class Switch:
     """An on/off setting: read from an environment variable at import, changed at run time with
     ``set`` or, for a block, ``use``."""
 
-    def __init__(self, env: str):
-        self.on = os.environ.get(env, "1").lower() not in ("0", "false", "off", "no")
+    def __init__(self, env: str, default: bool = True):
+        self.on = os.environ.get(env, "1" if default else "0").lower() not in ("0", "false", "off", "no")
 
     def set(self, enabled: bool) -> None:
         self.on = bool(enabled)

@@ -65,7 +65,47 @@ def round_fusions() -> dict:
     from ..models import qwen3_5
 
     return {"stacked_commit": qwen3_5.stacked_commit_enabled(), "kv_commit_launch": st.kv_commit_launch_enabled(),
-            "fused_conv_gates": tk.fused_conv_gates_enabled()}
+            "fused_conv_gates": tk.fused_conv_gates_enabled(), "l2_prefetch": tk.l2_prefetch_enabled(),
+            "l2_prefetch_bytes": tk.L2_PREFETCH_BYTES}
+
+
+def tk_l2_enabled() -> bool:
+    import tree_kernels as tk
+
+    return tk.l2_prefetch_enabled()
+
+
+def tk_l2_bytes() -> int:
+    import tree_kernels as tk
+
+    return tk.L2_PREFETCH_BYTES
+
+
+@contextlib.contextmanager
+def l2_prefetch_setting(on: bool, nbytes: int, evict_last: bool):
+    """The L2 warm-up of the output projections (tree_kernels.l2_prefetch_start) switched and sized for a block."""
+    import tree_kernels as tk
+    from tree_kernels.l2_prefetch import triton as lp
+
+    old = (tk.L2_PREFETCH_BYTES, lp.DEFAULT_CONFIG["EVICT_LAST"])
+    tk.L2_PREFETCH_BYTES, lp.DEFAULT_CONFIG["EVICT_LAST"] = int(nbytes), bool(evict_last)
+    try:
+        with tk.use_l2_prefetch(on):
+            yield
+    finally:
+        tk.L2_PREFETCH_BYTES, lp.DEFAULT_CONFIG["EVICT_LAST"] = old
+
+
+def prefetch_variants() -> tuple:
+    """(label, make_context) for ``interleaved``: the warm-up off first (the "default" label is the
+    baseline every ratio is over), then on at 16 / 32 / 48 MB of each weight, and 32 MB with plain
+    (evict-normal) loads."""
+    mb = 1 << 20
+    return (("default", lambda: l2_prefetch_setting(False, 0, True)),
+            ("l2_16mb", lambda: l2_prefetch_setting(True, 16 * mb, True)),
+            ("l2_32mb", lambda: l2_prefetch_setting(True, 32 * mb, True)),
+            ("l2_48mb", lambda: l2_prefetch_setting(True, 48 * mb, True)),
+            ("l2_32mb_evict_normal", lambda: l2_prefetch_setting(True, 32 * mb, False)))
 
 
 def few_rows_default() -> dict:
@@ -508,6 +548,18 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
                     ("per_layer_recurrent", lambda: use_stacked_commit(False)),  # GDN + conv commits: two per GDN layer
                     ("all_off", all_off))  # and the KV commit as seven torch launches per attention layer
         out["fusion_variants"] = interleaved("fusions", variants, {"conv_gates_warps_default": tconv.GDN_GATES_WARPS})
+    if args.prefetch_variants:  # the output projections' weights warmed into L2 during the tree kernels, interleaved
+        out["l2_prefetch_variants"] = interleaved("l2 prefetch", prefetch_variants(), {
+            "default_on": tk_l2_enabled(), "default_bytes": tk_l2_bytes()})
+        if args.profile:  # whether the out_proj / o_proj GEMMs got faster (kernel times by name)
+            with l2_prefetch_setting(True, 32 << 20, True):
+                eng = engine_for("ddtree", 64)
+                try:
+                    out["verify_65_fork_l2_prefetch_profile"] = profile_step(
+                        lambda: (eng.buf.position.fill_(prefix), eng._round_step()), time_step(eng, "round", eng._round_step))
+                except Exception as exc:
+                    out["verify_65_fork_l2_prefetch_profile"] = {"error": repr(exc)[:1000]}
+                del eng
     if args.few_rows_tuned:  # the verify's GEMMs through the Triton few-rows GEMM where a sweep tuned it, interleaved with cuBLAS
         from tree_kernels.gemv import triton as tgm
 
@@ -585,6 +637,9 @@ def main(argv=None) -> dict:
     p.add_argument("--profile", action="store_true", help="27B dims: kernel time by category in the AR step (torch.profiler)")
     p.add_argument("--both-norms", action="store_true",
                    help="also time the other setting of the fused-norm switch (pairs at T=0; 27B AR step and 65-token verify)")
+    p.add_argument("--prefetch-variants", action="store_true",
+                   help="27B dims: verify 17 / 65 with the output projections' weights read into L2 on a side stream "
+                        "during the tree kernels (16 / 32 / 48 MB, evict-last or plain loads), interleaved with it off")
     p.add_argument("--fusion-variants", action="store_true",
                    help="27B dims: verify 17 / 65 with the fused tree conv + gates, the stacked recurrent commit, and "
                         "all of them with the one-launch KV commit, switched off, interleaved with the default")

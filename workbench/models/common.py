@@ -359,6 +359,8 @@ class Attention(PackedModule):
     def forward(self, x, tree: CompiledTree, cache: KVCache, cos, sin, mode: str):
         t = x.shape[0]
         q, k, v = self.projections(x)
+        # a verify's attention leaves HBM idle for tens of us: warm L2 with o_proj meanwhile
+        warmup = tk.l2_prefetch_start(self.o_proj.weight) if t > 1 else None
         if self.gated:  # gate: a strided [T, H, D] view, read in place by the fused gate below
             q, gate = q.view(t, self.heads, 2 * self.head_dim).chunk(2, dim=-1)
         # per-head q / k RMSNorm, then rotary (fused: one launch for all four; the q_norm / k_norm
@@ -374,6 +376,7 @@ class Attention(PackedModule):
             o = tree_attention_static(q, keys, values, tree.anc, tree.prefix_t, self.scale, tree.positions, self.window)
         if self.gated:
             o = tk.sigmoid_mul(gate, o)  # o * sigmoid(gate)
+        tk.l2_prefetch_join(warmup)
         return self.o_proj(o.reshape(t, self.heads * self.head_dim))
 
 

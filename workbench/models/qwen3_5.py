@@ -201,6 +201,8 @@ class GatedDeltaNet(PackedModule):
     def forward(self, x, tree: CompiledTree, cache: RecurrentCache, cos, sin, mode: str):
         t = x.shape[0]
         mixed, z, b, a = self.project(x)
+        # a verify's tree kernels below leave HBM idle for tens of us: warm L2 with out_proj meanwhile
+        warmup = tk.l2_prefetch_start(self.out_proj.weight) if t > 1 else None
         # the fast path in fork mode writes the stash and conv inputs into the stack's buffers,
         # so that the commit after the walk is one launch for every layer (RecurrentStack)
         stacked = None
@@ -225,6 +227,7 @@ class GatedDeltaNet(PackedModule):
         # stacked only if the fork really wrote there (a one-node tree takes the decode step instead)
         cache.stacked_nodes = t if stacked and verify.pending_uses_stash(pending, stacked[0]) else None
         o = self.norm(o, z, x.dtype)  # o is fp32: the norm rounds it to the activations' dtype first
+        tk.l2_prefetch_join(warmup)
         return self.out_proj(o.reshape(t, self.value_dim))
 
 

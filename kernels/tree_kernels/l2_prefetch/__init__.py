@@ -1,0 +1,1 @@
+"""See naive.py for what is read and how it is checked."""

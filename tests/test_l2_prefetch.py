@@ -1,0 +1,97 @@
+"""The L2 warm-up read (tree_kernels.l2_prefetch): the Triton kernel reads exactly the asked-for
+bytes (its XOR partials against the reference's, under TRITON_INTERPRET=1 on CPU), bad input is
+refused before any launch, and in a model it reads each output projection of a multi-token forward
+once, never in a one-token step, and changes no output."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import tree_kernels as tk  # noqa: E402
+from tree_kernels.l2_prefetch import naive  # noqa: E402
+
+lp = pytest.importorskip("tree_kernels.l2_prefetch.triton")
+
+
+def _xor(partials: torch.Tensor) -> int:
+    return int(np.bitwise_xor.reduce(partials.cpu().numpy()))
+
+
+@pytest.mark.parametrize("nbytes", [0, 60, 64, 1000, 37 * 130 * 2, 10**9])
+@pytest.mark.parametrize("config", [{}, {"PROGRAMS": 3, "BLOCK": 64}, {"PROGRAMS": 1, "BLOCK": 16, "EVICT_LAST": False},
+                                    {"PROGRAMS": 50, "BLOCK": 16}])  # more programs than tiles: the last ones read nothing
+def test_prefetch_reads_exactly_the_asked_bytes(nbytes, config):
+    w = torch.randn(37, 130, generator=torch.Generator().manual_seed(nbytes % 97)).bfloat16()
+    partials = lp.l2_prefetch(w, nbytes, config)
+    assert partials.dtype == torch.int32 and partials.numel() == {**lp.DEFAULT_CONFIG, **config}["PROGRAMS"]
+    assert _xor(partials) == naive.l2_prefetch_checksum(w, nbytes)
+    words = naive.prefetch_words(w, nbytes)
+    assert words.numel() == min(nbytes, w.numel() * 2) // 64 * 16  # whole 64-byte units, capped at the tensor
+
+
+def test_the_checksum_sees_every_byte_in_range_and_none_beyond():
+    """A word flipped inside the range changes the kernel's answer, one just past it does not (so
+    a kernel skipping a tile or reading one too many fails above)."""
+    w = torch.zeros(64, 64, dtype=torch.bfloat16)
+    words = w.view(-1).view(torch.int32)
+    nbytes = 1024  # words 0..255
+    base = _xor(lp.l2_prefetch(w, nbytes, {"PROGRAMS": 3, "BLOCK": 32}))
+    for i, inside in ((0, True), (97, True), (255, True), (256, False), (2047, False)):
+        words[i] = 0x5A5A
+        got = _xor(lp.l2_prefetch(w, nbytes, {"PROGRAMS": 3, "BLOCK": 32}))
+        assert (got != base) == inside, i
+        words[i] = 0
+
+
+def test_prefetch_refuses_bad_input_by_name():
+    w = torch.zeros(8, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="not contiguous"):
+        lp.l2_prefetch(w.t(), 64)
+    with pytest.raises(ValueError, match="nbytes must be >= 0"):
+        lp.l2_prefetch(w, -1)
+    with pytest.raises(ValueError, match="BLOCK a power of two.*48"):
+        lp.l2_prefetch(w, 64, {"BLOCK": 48})
+    with pytest.raises(ValueError, match="out must be int32"):
+        lp.l2_prefetch(w, 64, out=torch.zeros(64, dtype=torch.float32))
+    with pytest.raises(ValueError, match="not whole 32-bit words"):
+        naive.prefetch_words(torch.zeros(3, dtype=torch.bfloat16), 4)
+
+
+def test_the_switch_is_off_unless_asked():
+    assert tk.l2_prefetch_enabled() is (os.environ.get("WORKBENCH_L2_PREFETCH", "0") not in ("0", "false", "off", "no"))
+    w = torch.zeros(8, 16)
+    with tk.use_l2_prefetch(False), tk.use_backend("triton"):
+        assert tk.l2_prefetch_start(w) is None
+    tk.l2_prefetch_join(None)  # nothing pending: nothing to wait for
+
+
+def test_a_model_forward_warms_each_output_projection_once_and_changes_nothing(monkeypatch):
+    from workbench.models.common import Attention, ModelCache  # noqa: F401
+    from workbench.models.qwen3_5 import GatedDeltaNet
+    from workbench.random_models import random_target
+
+    target = random_target("hybrid", seed=3, vocab_size=64)
+    projections = {id(m.out_proj.weight if isinstance(m, GatedDeltaNet) else m.o_proj.weight): type(m).__name__
+                   for m in target.modules() if isinstance(m, (GatedDeltaNet, Attention))}
+    assert set(projections.values()) == {"GatedDeltaNet", "Attention"}
+    read = []
+    real = lp.l2_prefetch
+    monkeypatch.setattr(lp, "l2_prefetch", lambda w, n, config=None, out=None: read.append(id(w)) or real(w, n, config, out))
+    prompt = [5, 9, 2, 33, 17, 8]
+    logits = {}
+    for on in (False, True):
+        with torch.no_grad(), tk.use_backend("triton"), tk.use_l2_prefetch(on):
+            cache = target.new_cache(16)
+            read.clear()
+            chain = target.run_chain(prompt, cache).logits
+            multi = sorted(read)
+            read.clear()
+            step = target.run_chain([4], cache).logits  # one token: no window to fill, nothing read
+            logits[on] = chain, step
+            assert not read
+            assert multi == (sorted(projections) if on else [])
+    assert torch.equal(logits[True][0], logits[False][0]) and torch.equal(logits[True][1], logits[False][1])
