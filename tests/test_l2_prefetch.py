@@ -79,6 +79,7 @@ def test_a_model_forward_warms_each_output_projection_once_and_changes_nothing(m
                    for m in target.modules() if isinstance(m, (GatedDeltaNet, Attention))}
     assert set(projections.values()) == {"GatedDeltaNet", "Attention"}
     read = []
+    monkeypatch.setattr(tk, "L2_PREFETCH_MIN_BYTES", 0)  # the tiny model's weights are all below the real floor
     real = lp.l2_prefetch
     monkeypatch.setattr(lp, "l2_prefetch", lambda w, n, config=None, out=None: read.append(id(w)) or real(w, n, config, out))
     prompt = [5, 9, 2, 33, 17, 8]
@@ -95,3 +96,8 @@ def test_a_model_forward_warms_each_output_projection_once_and_changes_nothing(m
             assert not read
             assert multi == (sorted(projections) if on else [])
     assert torch.equal(logits[True][0], logits[False][0]) and torch.equal(logits[True][1], logits[False][1])
+    monkeypatch.setattr(tk, "L2_PREFETCH_MIN_BYTES", 4 << 20)
+    with torch.no_grad(), tk.use_backend("triton"), tk.use_l2_prefetch(True):
+        read.clear()
+        target.run_chain(prompt, target.new_cache(16))
+        assert not read  # weights under the floor: nothing to gain, nothing read

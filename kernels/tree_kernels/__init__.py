@@ -336,6 +336,9 @@ def silu_mul(gate, up):
 _l2_prefetch = Switch("WORKBENCH_L2_PREFETCH", default=False)
 set_l2_prefetch, l2_prefetch_enabled, use_l2_prefetch = _l2_prefetch.set, _l2_prefetch.enabled, _l2_prefetch.use
 L2_PREFETCH_BYTES = int(float(__import__("os").environ.get("WORKBENCH_L2_PREFETCH_MB", "32")) * (1 << 20))
+# smaller weights are left alone: their GEMM is launch-bound, not bandwidth-bound (a tiny model's
+# 256 x 256 projection would only gain a launch and two stream waits)
+L2_PREFETCH_MIN_BYTES = 4 << 20
 _SIDE_STREAMS: dict = {}
 
 
@@ -343,10 +346,11 @@ def l2_prefetch_start(weight: torch.Tensor):
     """Start reading the first L2_PREFETCH_BYTES of ``weight`` after the work queued so far, on a
     side stream (one per device), so they sit in L2 when the GEMM that needs them runs. Returns the
     handle for ``l2_prefetch_join`` (None when nothing is pending). A no-op when off, under
-    torch.compile, or for a weight that is not one contiguous range; on a CPU with the Triton
-    backend forced (tests) the read runs inline."""
-    if not (_l2_prefetch.on and L2_PREFETCH_BYTES > 0 and weight.is_contiguous() and use_triton(weight)
-            and weight.numel() * weight.element_size() % 4 == 0) or torch.compiler.is_compiling():
+    torch.compile, for a weight under L2_PREFETCH_MIN_BYTES or not one contiguous range; on a CPU
+    with the Triton backend forced (tests) the read runs inline."""
+    size = weight.numel() * weight.element_size()
+    if not (_l2_prefetch.on and L2_PREFETCH_BYTES > 0 and size >= L2_PREFETCH_MIN_BYTES and size % 4 == 0
+            and weight.is_contiguous() and use_triton(weight)) or torch.compiler.is_compiling():
         return None
     from ._triton_common import scratch
     from .l2_prefetch import triton as impl
