@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements, as run on the device machine (torch, triton, transformers preinstalled; no
-# network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all|few-rows  [OUT dir]
+# network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all|few-rows|l2  [OUT dir]
 # kernels ~3-5 min, pairs ~4 min, 27b ~2.5 min on an H200 (2026-12-03); results are JSON under OUT
 # (default $OUT or out/device). Copy them to data/results/ as e2e-<device>-<date>[-27b|-fp32].json
 # (the figure and projection readers take the newest bf16 H200 file that has their part, --device
@@ -36,4 +36,10 @@ if [[ "$part" == few-rows ]]; then
   # 17-129 rows (~4 min), then the 27B verify with the shapes where it won, interleaved with cuBLAS
   timeout 330 python3 -m workbench.bench.gemv --skip-gemv --rows 17,33,65,129 --out "$out/gemv-few.json" 2>&1 | tee "$out/gemv-few.log" || true
   python3 -m workbench.bench.e2e --skip-pairs --few-rows-tuned "$out/gemv-few.json" --out "$out/e2e-27b.json" 2>&1 | tee "$out/e2e-27b.log"
+fi
+if [[ "$part" == l2 ]]; then
+  # the output projections' L2 warm-up: the read and a 65-row GEMM after it in isolation (~1 min), then
+  # the 27B verify 17 / 65 with it at 16-48 MB interleaved with it off, and the profile of verify 65 with it
+  python3 -m workbench.bench.l2 --out "$out/l2.json" 2>&1 | tee "$out/l2.log"
+  python3 -m workbench.bench.e2e --skip-pairs --profile --prefetch-variants --budgets-27b 16,64 --out "$out/e2e-27b-l2.json" 2>&1 | tee "$out/e2e-27b-l2.log"
 fi

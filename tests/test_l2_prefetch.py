@@ -101,3 +101,12 @@ def test_a_model_forward_warms_each_output_projection_once_and_changes_nothing(m
         read.clear()
         target.run_chain(prompt, target.new_cache(16))
         assert not read  # weights under the floor: nothing to gain, nothing read
+
+
+def test_the_l2_benchmark_says_it_needs_a_gpu(capsys):
+    from workbench.bench import l2
+
+    if torch.cuda.is_available():  # pragma: no cover - the device runs it for real
+        pytest.skip("a GPU is present")
+    assert l2.main(["--repeats", "1"]) == 2
+    assert "no" in capsys.readouterr().out
