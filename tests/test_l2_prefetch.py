@@ -110,3 +110,55 @@ def test_the_l2_benchmark_says_it_needs_a_gpu(capsys):
         pytest.skip("a GPU is present")
     assert l2.main(["--repeats", "1"]) == 2
     assert "no" in capsys.readouterr().out
+
+
+PTX_PROBE = """
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tree_kernels.l2_prefetch import triton as lp
+sig = {"W": "*i32", "Out": "*i32", "n_words": "i32", "words_per_program": "i32", "BLOCK": "constexpr",
+       "EVICT_LAST": "constexpr", "PTX": "constexpr"}
+out = {}
+for ptx, evict in ((0, True), (1, True), (1, False), (2, True)):
+    k = triton.compile(ASTSource(fn=lp._l2_prefetch_kernel, signature=sig, constexprs={"BLOCK": 256, "EVICT_LAST": evict, "PTX": ptx}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    lines = k.asm["ptx"].splitlines()
+    out[f"{ptx}/{evict}"] = {"prefetch": sorted({l.strip().split(" [")[0] for l in lines if l.strip().startswith(("prefetch.", "cp.async.bulk.prefetch"))}),
+                             "loads": sum("ld.global" in l for l in lines)}
+print(json.dumps(out))
+"""
+
+
+def test_the_prefetch_instructions_compile_for_hopper():
+    """PTX 1 / 2 cannot be interpreted; an ahead-of-time sm_90 compile (a subprocess without
+    TRITON_INTERPRET) shows each mode emits its instruction, with its eviction hint, and no loads."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from workbench.bench import regs
+
+    if not regs.cuobjdump_path().parent.is_dir():
+        pytest.skip("no Triton NVIDIA backend here")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "kernels"), env.get("PYTHONPATH", "")])
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    r = subprocess.run([sys.executable, "-c", PTX_PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["0/True"]["prefetch"] == [] and got["0/True"]["loads"] > 0
+    assert got["1/True"]["prefetch"] == ["prefetch.global.L2::evict_last"] and got["1/True"]["loads"] == 0
+    assert got["1/False"]["prefetch"] == ["prefetch.global.L2"]
+    assert got["2/True"]["prefetch"] == ["cp.async.bulk.prefetch.L2.global"] and got["2/True"]["loads"] == 0
+
+
+def test_prefetch_instructions_are_refused_off_the_gpu():
+    with pytest.raises(ValueError, match="PTX must be 0.*CUDA only.*got 1 on cpu"):
+        lp.l2_prefetch(torch.zeros(64, 16), 4096, {"PTX": 1})
+    with pytest.raises(ValueError, match="got 3"):
+        lp.l2_prefetch(torch.zeros(64, 16), 4096, {"PTX": 3})

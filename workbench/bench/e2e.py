@@ -549,6 +549,11 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
                     ("all_off", all_off))  # and the KV commit as seven torch launches per attention layer
         out["fusion_variants"] = interleaved("fusions", variants, {"conv_gates_warps_default": tconv.GDN_GATES_WARPS})
     if args.prefetch_variants:  # the output projections' weights warmed into L2 during the tree kernels, interleaved
+        if args.prefetch_config:  # e.g. bench.l2's best_read
+            from tree_kernels.l2_prefetch import triton as lp
+
+            lp.DEFAULT_CONFIG.update(json.loads(args.prefetch_config))
+            log(f"27B dims: L2 warm-up kernel config {lp.DEFAULT_CONFIG}")
         out["l2_prefetch_variants"] = interleaved("l2 prefetch", prefetch_variants(), {
             "default_on": tk_l2_enabled(), "default_bytes": tk_l2_bytes()})
         if args.profile:  # whether the out_proj / o_proj GEMMs got faster (kernel times by name)
@@ -640,6 +645,8 @@ def main(argv=None) -> dict:
     p.add_argument("--prefetch-variants", action="store_true",
                    help="27B dims: verify 17 / 65 with the output projections' weights read into L2 on a side stream "
                         "during the tree kernels (16 / 32 / 48 MB, evict-last or plain loads), interleaved with it off")
+    p.add_argument("--prefetch-config", default=None,
+                   help="JSON settings of the L2 warm-up kernel for --prefetch-variants (bench.l2 writes its best as best_read)")
     p.add_argument("--fusion-variants", action="store_true",
                    help="27B dims: verify 17 / 65 with the fused tree conv + gates, the stacked recurrent commit, and "
                         "all of them with the one-launch KV commit, switched off, interleaved with the default")
