@@ -71,3 +71,20 @@ def test_prefetch_variants_set_and_restore_the_warmup():
     assert list(seen)[0] == "default" and seen["default"][0] is False
     assert seen["l2_16mb"] == (True, 16, True) and seen["l2_48mb"] == (True, 48, True)
     assert seen["l2_32mb_evict_normal"] == (True, 32, False)
+
+
+def test_gdn_variants_set_and_restore_the_blocked_solve():
+    from tree_kernels.tree_gdn import triton as tg
+
+    from workbench.bench.e2e import gdn_variants
+
+    before = dict(tg.OFFDIAG_DEFAULTS)
+    seen = {}
+    for label, make in gdn_variants():
+        with make():
+            seen[label] = tg.blocked_config(65, 128)
+        assert tg.OFFDIAG_DEFAULTS == before
+    labels = list(seen)
+    assert labels[0] == "default" and labels[-1] == "default_again" and seen["default"] == seen["default_again"]
+    assert seen["wide_scans_peel_bkc32_4w"]["ROOT_PEEL"] and seen["wide_scans_peel_bkc32_4w"]["prep_warps"] == 4
+    assert seen["wide_scans"]["WIDE_SCANS"] and not seen["wide_scans"]["ROOT_PEEL"]

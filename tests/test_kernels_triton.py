@@ -301,6 +301,52 @@ def test_gdn_prepare_doubling_inverse_equals_forward_substitution(n, bs):
         assert maxdiff(o_dbl, o_fs) < 1e-5 and maxdiff(st_dbl.u, st_fs.u) < 1e-5
 
 
+@pytest.mark.parametrize("n", [17, 33, 65, 100, 129])
+def test_gdn_wide_mask_scans_equal_the_looped_scans(n):
+    """WIDE_SCANS: the prepare's path sums and both kernels' root test from one wide load of the
+    mask instead of a loop over blocks; the same solve (peeled and not, stored off-diagonal blocks
+    or not), a forest still taking the unpeeled route. 129 nodes are past WIDE_SCANS_MAX_NODES:
+    the loops run there and the result must not change either."""
+    tree = random_tree(n, 8, seed=n + 11, shape="mixed")
+    for base in ({"BS": 16, "BV": 16, "PRE_INVERSE": True, "PRE_OFFDIAG": True}, {"BS": 16, "BV": 16, "PRE_INVERSE": True}):
+        for peel in (True, False):
+            cfg = dict(base, ROOT_PEEL=peel)
+            o_wide, st_wide = check_gdn(tree, (1, 3, 8, 12), seed=n, config=dict(cfg, WIDE_SCANS=True))
+            o_loop, st_loop = check_gdn(tree, (1, 3, 8, 12), seed=n, config=cfg)
+            assert maxdiff(o_wide, o_loop) < 1e-5 and maxdiff(st_wide.u, st_loop.u) < 1e-5
+            assert maxdiff(st_wide.G, st_loop.G) < 5e-6  # fp32 sums of the same terms in another order (|G| ~ 10)
+    if n == 65:  # a forest (node 0 not everyone's ancestor) through the peeled, wide route
+        anc = _chains_anc([30, 35])
+        q, k, v, gate, beta, s0 = _gdn_case(65, (1, 3, 8, 12), seed=6)
+        cfg = {"BS": 16, "BV": 16, "PRE_INVERSE": True, "PRE_OFFDIAG": True, "ROOT_PEEL": True, "WIDE_SCANS": True}
+        o, _ = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, config=cfg)
+        assert maxdiff(o, gdn_naive.tree_gdn_fork(q, k, v, gate, beta, s0, anc)[0]) < 2e-5
+
+
+def test_gdn_blocked_variant_switches_the_default_config():
+    with gdn_tr.blocked_variant(WIDE_SCANS=True, ROOT_PEEL=True, PREP_BKC=32, prep_warps=4):
+        cfg = gdn_tr.blocked_config(65, 128)
+        assert cfg["WIDE_SCANS"] and cfg["ROOT_PEEL"] and cfg["PRE_OFFDIAG"] and cfg["PREP_BKC"] == 32
+        assert cfg["prep_warps"] == 4
+        assert "WIDE_SCANS" not in gdn_tr.blocked_config(300, 128)  # no stored blocks: not these settings
+    assert gdn_tr.blocked_config(65, 128)["PREP_BKC"] == gdn_tr.OFFDIAG_DEFAULTS["PREP_BKC"]
+    with pytest.raises(ValueError, match="unknown setting.*'PEEL'"):
+        with gdn_tr.blocked_variant(PEEL=True):
+            pass
+
+
+@pytest.mark.parametrize("n", [33, 65])
+def test_gdn_prepare_in_dk_chunks_equals_the_whole_dk_prepare(n):
+    """PREP_BKC: the prepare's K K^T and Q K^T summed over dk in chunks (dk = 40 in chunks of 16:
+    the last chunk ragged); the same solve as the whole-dk prepare, peeled, wide scans, 2 warps."""
+    tree = random_tree(n, 8, seed=n + 13, shape="mixed")
+    base = {"BS": 16, "BV": 16, "PRE_INVERSE": True, "PRE_OFFDIAG": True}
+    o_whole, st_whole = check_gdn(tree, (2, 3, 40, 12), seed=n, config=base)
+    for extra in ({"PREP_BKC": 16}, {"PREP_BKC": 16, "ROOT_PEEL": True, "WIDE_SCANS": True, "prep_warps": 2}):
+        o_chunk, st_chunk = check_gdn(tree, (2, 3, 40, 12), seed=n, config=dict(base, **extra))
+        assert maxdiff(o_chunk, o_whole) < 1e-5 and maxdiff(st_chunk.u, st_whole.u) < 1e-5
+
+
 def test_gdn_blocked_solve_refuses_a_block_size_that_is_not_a_power_of_two():
     tree = random_tree(20, 4, seed=3)
     q, k, v, gate, beta, s0 = gdn_inputs(20, 1, 3, 8, 12, seed=3)

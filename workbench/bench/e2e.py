@@ -96,6 +96,22 @@ def l2_prefetch_setting(on: bool, nbytes: int, evict_last: bool):
         tk.L2_PREFETCH_BYTES, lp.DEFAULT_CONFIG["EVICT_LAST"] = old
 
 
+def gdn_variants() -> tuple:
+    """(label, make_context) for ``interleaved``: the blocked GDN solve (stored off-diagonal blocks)
+    at its defaults, then with the settings tree_gdn.triton.OFFDIAG_DEFAULTS leaves undecided, and
+    the defaults again last (drift over the run)."""
+    from tree_kernels.tree_gdn import triton as tg
+
+    wide_peel = {"WIDE_SCANS": True, "ROOT_PEEL": True}
+    return (("default", contextlib.nullcontext),
+            ("wide_scans", lambda: tg.blocked_variant(WIDE_SCANS=True)),
+            ("wide_scans_peel", lambda: tg.blocked_variant(**wide_peel)),
+            ("wide_scans_peel_bkc32", lambda: tg.blocked_variant(**wide_peel, PREP_BKC=32)),
+            ("wide_scans_peel_bkc32_4w", lambda: tg.blocked_variant(**wide_peel, PREP_BKC=32, prep_warps=4)),
+            ("prep_bkc32_4w", lambda: tg.blocked_variant(PREP_BKC=32, prep_warps=4)),
+            ("default_again", contextlib.nullcontext))
+
+
 def prefetch_variants() -> tuple:
     """(label, make_context) for ``interleaved``: the warm-up off first (the "default" label is the
     baseline every ratio is over), then on at 16 / 32 / 48 MB of each weight, and 32 MB with plain
@@ -493,12 +509,12 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
         from ..fastpath import use_commit_in_forward
 
         out["commit_in_forward_off"] = variant("commit in forward off", use_commit_in_forward(False))
-    def interleaved(name: str, variants, got: dict) -> dict:
-        """Verify 17 and 65 (fork) under each (label, make_context) in turn, the first labelled
-        "default"; every other variant's time over the default's, logged. Errors are reported in
-        ``got``: the default numbers above still stand."""
+    def interleaved(name: str, variants, got: dict, budgets=(16, 64)) -> dict:
+        """Verify budget + 1 tokens (fork; 17 and 65 unless told) under each (label, make_context)
+        in turn, the first labelled "default"; every other variant's time over the default's,
+        logged. Errors are reported in ``got``: the default numbers above still stand."""
         try:
-            for budget in (16, 64):
+            for budget in budgets:
                 for label, make in variants:
                     with make():
                         eng = engine_for("ddtree", budget)
@@ -548,6 +564,11 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
                     ("per_layer_recurrent", lambda: use_stacked_commit(False)),  # GDN + conv commits: two per GDN layer
                     ("all_off", all_off))  # and the KV commit as seven torch launches per attention layer
         out["fusion_variants"] = interleaved("fusions", variants, {"conv_gates_warps_default": tconv.GDN_GATES_WARPS})
+    if args.gdn_variants:  # the blocked GDN solve's undecided settings (33 / 65 nodes: the blocked route), interleaved
+        from tree_kernels.tree_gdn import triton as tg
+
+        out["gdn_blocked_variants"] = interleaved("gdn blocked", gdn_variants(), {"defaults": dict(tg.OFFDIAG_DEFAULTS)},
+                                                  budgets=(32, 64))
     if args.prefetch_variants:  # the output projections' weights warmed into L2 during the tree kernels, interleaved
         if args.prefetch_config:  # e.g. bench.l2's best_read
             from tree_kernels.l2_prefetch import triton as lp
@@ -645,6 +666,9 @@ def main(argv=None) -> dict:
     p.add_argument("--prefetch-variants", action="store_true",
                    help="27B dims: verify 17 / 65 with the output projections' weights read into L2 on a side stream "
                         "during the tree kernels (16 / 32 / 48 MB, evict-last or plain loads), interleaved with it off")
+    p.add_argument("--gdn-variants", action="store_true",
+                   help="27B dims: verify 33 / 65 with the blocked GDN solve's undecided settings (wide mask scans, "
+                        "the root peel, the prepare in dk chunks / 4 warps), interleaved with its defaults")
     p.add_argument("--prefetch-config", default=None,
                    help="JSON settings of the L2 warm-up kernel for --prefetch-variants (bench.l2 writes its best as best_read)")
     p.add_argument("--fusion-variants", action="store_true",

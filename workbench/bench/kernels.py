@@ -254,6 +254,54 @@ def sweep_gdn_configs(label: str, configs: list[dict], call, reference, error_ke
     return records
 
 
+def offdiag_variant_configs(t: int) -> list[tuple[str, dict]]:
+    """The blocked solve with stored off-diagonal blocks at its defaults and with each setting
+    tree_gdn.triton.OFFDIAG_DEFAULTS leaves undecided (bench.e2e --gdn-variants runs the same in
+    the 27B verify)."""
+    from tree_kernels.tree_gdn import triton as tg
+
+    base = tg.blocked_config(t, GDN["dv"])
+    wide_peel = {"WIDE_SCANS": True, "ROOT_PEEL": True}
+    extras = [("default", {}), ("wide_scans", {"WIDE_SCANS": True}), ("wide_scans_peel", wide_peel),
+              ("wide_scans_peel_bkc32", dict(wide_peel, PREP_BKC=32)),
+              ("wide_scans_peel_bkc32_4w", dict(wide_peel, PREP_BKC=32, prep_warps=4)),
+              ("wide_scans_peel_bkc32_2w", dict(wide_peel, PREP_BKC=32, prep_warps=2)),
+              ("prep_bkc32_4w", {"PREP_BKC": 32, "prep_warps": 4}), ("wide_scans_peel_fork_8w", dict(wide_peel, num_warps=8))]
+    return [(label, dict(base, **extra)) for label, extra in extras]
+
+
+def bench_gdn_offdiag(t: int) -> dict:
+    """``offdiag_variant_configs`` at one tree size: error against the fp32 reference, cold graph
+    ms, and GPU us per launch (prepare, chain) of each."""
+    from tree_kernels.tree_gdn import triton as tg
+    from tree_kernels.tree_gdn import naive
+
+    from ..tree import compile_tree
+
+    dev = torch.device("cuda")
+    tree = make_tree(t)
+    c = compile_tree(tree, 4096, dev)
+    q, k, v, gate, beta, s0 = gdn_inputs(t, dev)
+    o_ref, _ = naive.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc)
+    log(f"  GDN off-diagonal variants, T={t}")
+    rows = {}
+    for label, cfg in offdiag_variant_configs(t):
+        call = lambda cfg=cfg: tg.tree_gdn_fork(q, k, v, gate, beta, s0, c.anc, config=cfg)  # noqa: E731
+        rec = sweep_gdn_configs(label, [cfg], lambda cfg: call(cfg), o_ref, "max_abs_vs_fp32_ref")[0]
+        try:
+            rec["kernel_us"] = kernel_us(call)
+        except Exception as exc:
+            rec["kernel_us_error"] = repr(exc)[:300]
+        rows[label] = rec
+    base = rows["default"].get("cold_graph_ms")
+    for label, rec in rows.items():
+        if base and rec.get("cold_graph_ms"):
+            rec["over_default"] = rec["cold_graph_ms"] / base
+            log(f"    {label}: {1e3 * rec['cold_graph_ms']:.1f} us ({rec['over_default']:.3f}x), per launch "
+                f"{ {k[:24]: round(v, 1) for k, v in rec.get('kernel_us', {}).items()} }")
+    return {"nodes": len(tree), "variants": rows}
+
+
 def bench_gdn(t: int, rep: int, fla, sweep: bool = True) -> dict:
     from tree_kernels.tree_gdn import triton as tg
     from tree_kernels.tree_gdn import naive
@@ -991,7 +1039,7 @@ def main(argv=None) -> dict:
                 "attention": lambda t: bench_attention(t, args.rep_ms, args.prefix, sweep),
                 "decode": lambda t: bench_decode_attention(t, args.rep_ms, args.prefix, sweep),
                 "decode_gdn": lambda t: bench_decode_gdn(t, args.rep_ms),
-                "tree_build": lambda b: bench_tree_build(b, args.rep_ms)}
+                "tree_build": lambda b: bench_tree_build(b, args.rep_ms), "gdn_offdiag": bench_gdn_offdiag}
     for name in only:
         if name == "lossless":
             if args.lossless_prompts <= 0:

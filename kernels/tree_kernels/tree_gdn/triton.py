@@ -86,6 +86,52 @@ def _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS: tl.constexp
 
 
 @triton.jit
+def _block_pair_dots(Q, K, rows, rm, cols, cm, hk, sq_t, sq_h, sk_t, sk_h, scale, DK: tl.constexpr, BK: tl.constexpr,
+                     BKC: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, WITH_Q: tl.constexpr):
+    """K_rows K_cols^T and (WITH_Q) scale Q_rows K_cols^T, [BS, BS] fp32, summed over dk in BKC-wide
+    chunks: with BKC < BK no [BS, dk] tile is held whole (at one warp and tf32x3, whose dots keep
+    hi / lo copies of both operands, [16, 128] tiles spill ~800 B a thread on sm_90)."""
+    kk = tl.zeros([BS, BS], dtype=tl.float32)
+    qk = tl.zeros([BS, BS], dtype=tl.float32)
+    for ch in tl.static_range(BK // BKC):
+        offk = ch * BKC + tl.arange(0, BKC)
+        km = offk < DK
+        kc = tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & km[None, :], other=0.0).to(tl.float32)
+        kr = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32)
+        kk += tl.dot(kr, tl.trans(kc), input_precision=PREC)
+        if WITH_Q:
+            qr = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32) * scale
+            qk += tl.dot(qr, tl.trans(kc), input_precision=PREC)
+    return kk, qk
+
+
+@triton.jit
+def _path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS: tl.constexpr, nblocks, TP: tl.constexpr):
+    """_block_path_sums, or with TP > 0 (a power of two >= T) the same sum from one [BS, TP] load
+    of the mask rows: one load latency instead of one per earlier block (latency, not bytes, is
+    what the prepare pays). Non-ancestors are 0 in the mask, so summing every column is the same."""
+    if TP > 0:
+        cols = tl.arange(0, TP)
+        cm = cols < T
+        a = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0)
+        gc = tl.load(Gin + cols * sg_t + j * sg_h, mask=cm, other=0.0).to(tl.float32)
+        return tl.sum(tl.where(a != 0, gc[None, :], 0.0), axis=1)
+    else:
+        return _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, nblocks)
+
+
+@triton.jit
+def _root_offset_of(Anc, T, sa_n, BS: tl.constexpr, TP: tl.constexpr):
+    """_root_offset, or with TP > 0 from one load of the mask's first column."""
+    if TP > 0:
+        rows = tl.arange(0, TP)
+        a = tl.load(Anc + rows * sa_n, mask=rows < T, other=1)
+        return tl.min((a != 0).to(tl.int32), axis=0)
+    else:
+        return _root_offset(Anc, T, sa_n, BS)
+
+
+@triton.jit
 def _decode_tile(s, q, k, v, a, beta):
     """One token's step on a [dk, BV] tile of the state (fp32), in registers: returns (u, S', o),
     S' = a S + k u^T,  u = beta (v - a S^T k),  o = S'^T q (q already scaled). The decode step and
@@ -118,7 +164,7 @@ def _gdn_prepare_kernel(
     T, R, HV, nb, scale,
     sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, PEEL: tl.constexpr,
-    OFF: tl.constexpr, DOUBLING: tl.constexpr, LOG2BS: tl.constexpr,
+    OFF: tl.constexpr, DOUBLING: tl.constexpr, LOG2BS: tl.constexpr, TP: tl.constexpr, BKC: tl.constexpr,
 ):
     """Everything of the solve that depends only on k, g and beta, off the serial u recursion:
     program (b, c, value head). c == b: the block's path-summed gates, the inverse of its
@@ -135,13 +181,10 @@ def _gdn_prepare_kernel(
     ar = tl.arange(0, BS)
     r0 = 0
     if PEEL:
-        r0 = _root_offset(Anc, T, sa_n, BS)
+        r0 = _root_offset_of(Anc, T, sa_n, BS, TP)
     rows = r0 + b * BS + ar
     rm = rows < T
-    offk = tl.arange(0, BK)
-    kmask = offk < DK
-    Gb = _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1 + r0)
-    kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+    Gb = _path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1 + r0, TP)
     bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
     tile = ar[:, None] * BS + ar[None, :]
     if c == b:
@@ -152,28 +195,27 @@ def _gdn_prepare_kernel(
         a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
         dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
         strict = a & (ar[:, None] != ar[None, :])
-        Lbb = tl.where(strict, bb[:, None] * dec * tl.dot(kb, tl.trans(kb), input_precision=PREC), 0.0)
+        kk, qk = _block_pair_dots(Q, K, rows, rm, rows, rm, hk, sq_t, sq_h, sk_t, sk_h, scale, DK, BK, BKC, BS, PREC, OFF)
+        Lbb = tl.where(strict, bb[:, None] * dec * kk, 0.0)
         if DOUBLING:  # dots only: no per-row reductions, so a 32-row block costs log2(32) levels, not 31 steps
             inv = _unit_lower_inverse_doubling(Lbb, BS, LOG2BS, PREC)
         else:
             inv = _unit_lower_inverse(Lbb, BS)
         tl.store(Inv + ((b * HV + j) * BS + ar[:, None]) * BS + ar[None, :], inv)
         if OFF:
-            qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
-            tl.store(OffM + ((b * nb + b) * HV + j) * BS * BS + tile, dec * tl.dot(qb, tl.trans(kb), input_precision=PREC))
+            tl.store(OffM + ((b * nb + b) * HV + j) * BS * BS + tile, dec * qk)
     if c < b:
         # the blocks of the solve that do not depend on u, so its serial chain is two dots a step:
         # L_bc = beta_b exp(G_b - G_c) k_b k_c^T and M_bc = exp(G_b - G_c) scale q_b k_c^T
-        qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
         cols = r0 + c * BS + ar
         cm = cols < T
-        Gc = _block_path_sums(Gin, Anc, cols, cm, j, T, sg_t, sg_h, sa_n, BS, c + 1 + r0)
-        kct = tl.trans(tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & kmask[None, :], other=0.0).to(tl.float32))
+        Gc = _path_sums(Gin, Anc, cols, cm, j, T, sg_t, sg_h, sa_n, BS, c + 1 + r0, TP)
+        kk, qk = _block_pair_dots(Q, K, rows, rm, cols, cm, hk, sq_t, sq_h, sk_t, sk_h, scale, DK, BK, BKC, BS, PREC, True)
         ac = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0) != 0
         dc = tl.exp(tl.where(ac, Gb[:, None] - Gc[None, :], float("-inf")))  # select before exp
         base = ((b * nb + c) * HV + j) * BS * BS + tile
-        tl.store(OffL + base, bb[:, None] * dc * tl.dot(kb, kct, input_precision=PREC))
-        tl.store(OffM + base, dc * tl.dot(qb, kct, input_precision=PREC))
+        tl.store(OffL + base, bb[:, None] * dc * kk)
+        tl.store(OffM + base, dc * qk)
 
 
 @triton.jit
@@ -184,7 +226,7 @@ def _gdn_fork_kernel(
     T, R, HV, scale, nbp,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr,
+    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr, TP: tl.constexpr,
 ):
     j = tl.program_id(0)  # value head
     iv = tl.program_id(1)  # block of value columns
@@ -215,7 +257,7 @@ def _gdn_fork_kernel(
     r0 = 0
     g_base = 0.0
     if PEEL:
-        r0 = _root_offset(Anc, T, sa_n, BS)
+        r0 = _root_offset_of(Anc, T, sa_n, BS, TP)
         k0 = tl.load(K + hk * sk_h + offk, mask=kmask, other=0.0).to(tl.float32)
         q0 = tl.load(Q + hk * sq_h + offk, mask=kmask, other=0.0).to(tl.float32) * scale
         v0 = tl.load(V + j * sv_h + offv, mask=vmask, other=0.0).to(tl.float32)
@@ -522,6 +564,36 @@ def _gdn_decode_kernel(
 DENSE_MAX_NODES = 16
 DENSE_LARGEST = 64  # the largest tree (after the root) the dense kernels take; tested up to it
 
+# Settings of the blocked solve with stored off-diagonal blocks (18-257 nodes) that a device run
+# has not yet decided (bench.e2e --gdn-variants compares them; these are the measured defaults):
+# - WIDE_SCANS: the mask scans (the root test, the path sums of a block's rows) as one wide load
+#   each instead of a loop of one load per block: the prepare's programs and the chain's start wait
+#   on load latency, not bytes (up to WIDE_SCANS_MAX_NODES, where a [16, TP] uint8 tile still sits
+#   in one warp's registers).
+# - ROOT_PEEL: 65 nodes as 4 blocks after the root instead of 5, the last holding one node. It lost
+#   on 2026-12-03 (70.3 vs 63.7 us at 65, H200) while the root test was a loop of loads in every
+#   program.
+# - PREP_BKC / prep_warps: the prepare's K K^T and Q K^T in dk chunks of PREP_BKC. At one warp and
+#   full dk the prepare spills ~500-800 B a thread on sm_90 (CPU AOT), 0 at 4 warps with chunks of
+#   32; one warp measured faster on 2026-12-03 all the same (2 / 4 warps 1.16x / 1.30x at 65).
+OFFDIAG_DEFAULTS = {"WIDE_SCANS": False, "ROOT_PEEL": False, "PREP_BKC": 128, "prep_warps": 1}
+WIDE_SCANS_MAX_NODES = 128
+
+
+@contextlib.contextmanager
+def blocked_variant(**settings):
+    """OFFDIAG_DEFAULTS changed for a block (benchmarks compare); unknown names are refused."""
+    unknown = set(settings) - set(OFFDIAG_DEFAULTS) - {"num_warps", "BV"}
+    if unknown:
+        raise ValueError(f"blocked_variant: unknown setting(s) {sorted(unknown)} (known: {sorted(OFFDIAG_DEFAULTS)}, num_warps, BV)")
+    old = dict(OFFDIAG_DEFAULTS)
+    OFFDIAG_DEFAULTS.update(settings)
+    try:
+        yield
+    finally:
+        OFFDIAG_DEFAULTS.clear()
+        OFFDIAG_DEFAULTS.update(old)
+
 
 @contextlib.contextmanager
 def dense_fork(enabled: bool):
@@ -577,8 +649,12 @@ def blocked_config(t: int, dv: int) -> dict:
         # one warp per prepare program stays best (2 / 4 warps: 1.16x / 1.30x at 65;
         # kernels-nvidia-h200-2026-12-03T17-merge.json). Above 257 nodes (nb^2 stored blocks, 28 MB
         # at 257) unmeasured, so the chain keeps them.
-        return {"DENSE": False, "BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True,
-                "prep_warps": 1, "ROOT_PEEL": False, "PRE_OFFDIAG": t <= 257}
+        cfg = {"DENSE": False, "BS": 16, "BV": min(32, max(16, next_pow2(dv))), "num_warps": 4, "PRE_INVERSE": True,
+               "prep_warps": 1, "ROOT_PEEL": False, "PRE_OFFDIAG": t <= 257}
+        if cfg["PRE_OFFDIAG"]:
+            cfg.update(OFFDIAG_DEFAULTS)
+            cfg["BV"] = min(cfg["BV"], max(16, next_pow2(dv)))
+        return cfg
     bv = min(64, max(16, next_pow2(dv)))
     return {"DENSE": False, "BS": 16, "BV": bv, "num_warps": 4, "ROOT_PEEL": True}
 
@@ -676,6 +752,7 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
         bs = c.get("BS", 16)
         pre = bool(c.get("PRE_INVERSE", False))
         peel = bool(c.get("ROOT_PEEL", True))
+        tp = next_pow2(t) if c.get("WIDE_SCANS", False) and t <= WIDE_SCANS_MAX_NODES else 0
         inv = off_l = off_m = sg  # unused unless pre / off
         nb = triton.cdiv(t, bs)
         off = pre and bool(c.get("PRE_OFFDIAG", False))
@@ -689,14 +766,14 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
                 beta.stride(0), beta.stride(1), a8.stride(0),
                 DK=dk, BK=bk, BS=bs, PREC=prec, PEEL=peel, OFF=off, DOUBLING=bool(c.get("PREP_DOUBLING", False)),
-                LOG2BS=bs.bit_length() - 1, num_warps=c.get("prep_warps", 1),
+                LOG2BS=bs.bit_length() - 1, TP=tp, BKC=min(bk, c.get("PREP_BKC", bk)), num_warps=c.get("prep_warps", 1),
             )
         _gdn_fork_kernel[(hv, triton.cdiv(dv, bv))](
             q, k, v, g, beta, state, a8, inv, off_l, off_m, o, sk, su, sg,
             t, hv // h, hv, scale, nb,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
-            DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre, PEEL=peel, OFF=off,
+            DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre, PEEL=peel, OFF=off, TP=tp,
             num_warps=c["num_warps"],
         )
 
