@@ -356,3 +356,30 @@ def test_the_round_fusions_are_on_unless_the_environment_says_no():
     env.update(WORKBENCH_STACKED_COMMIT="0", WORKBENCH_KV_COMMIT_LAUNCH="0", WORKBENCH_FUSED_CONV_GATES="0")
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert on == ["True"] * 3 and off == ["False"] * 3
+
+
+def test_phase_ms_reads_each_phase_between_its_marks():
+    """The per-phase GPU times of a round (FastEngine(phase_events=True)) from the marks' stamps:
+    each phase between its two marks, the draft and the draft-to-round gap only when a draft ran."""
+    from workbench.fastpath import PHASE_MARKS, phase_ms
+
+    stamp = {m: float(i * i) for i, m in enumerate(PHASE_MARKS)}  # distinct gaps: a wrong pair shows
+    got = phase_ms(lambda a, b: stamp[b] - stamp[a], drafted=True)
+    assert got["draft"] == stamp["draft_end"] - stamp["draft_start"]
+    assert got["gap"] == stamp["round_start"] - stamp["draft_end"]
+    assert got["verify"] == stamp["verify"] - stamp["tree"] and got["commit"] == stamp["commit"] - stamp["walk"]
+    parts = sum(got[k] for k in ("tree", "verify", "walk", "commit", "pack"))
+    assert got["round"] == pytest.approx(parts)  # the phases tile the round step
+    assert "draft" not in phase_ms(lambda a, b: stamp[b] - stamp[a], drafted=False)
+
+
+def test_phase_events_need_cuda_and_a_serial_host():
+    target = random_target("hybrid", seed=1, vocab_size=64, eos_token_id=None)
+    cfg = GenerationConfig(method="ar", max_new_tokens=4, trace_topk=0, draft_trace_k=0)
+    with pytest.raises(ValueError, match="phase_events needs overlap_host=False"):
+        FastEngine(target, None, cfg, max_len=32, use_graphs=False, phase_events=True)
+    with pytest.raises(FastPathUnsupported, match="phase_events are CUDA events"):
+        FastEngine(target, None, cfg, max_len=32, use_graphs=False, overlap_host=False, phase_events=True)
+    engine = FastEngine(target, None, cfg, max_len=32, use_graphs=False, overlap_host=False)
+    trace = engine.generate([3, 5, 7])  # no marks: the rounds carry host timings only
+    assert trace.rounds and all(not any(k.startswith("gpu_") for k in r.timings) for r in trace.rounds)

@@ -115,6 +115,27 @@ class _QueuedRound:
         return self.slot
 
 
+# Device timestamps inside the captured steps (FastEngine(phase_events=True)): recorded as event
+# nodes of the graphs, so each replay stamps the boundaries between a round's phases.
+PHASE_MARKS = ("draft_start", "draft_end", "round_start", "tree", "verify", "walk", "commit", "round_end")
+ROUND_PHASES = (("tree", "round_start", "tree"), ("verify", "tree", "verify"), ("walk", "verify", "walk"),
+                ("commit", "walk", "commit"), ("pack", "commit", "round_end"))
+
+
+def phase_ms(elapsed, drafted: bool) -> dict:
+    """GPU ms of one round's phases from ``elapsed(a, b)`` (ms between marks a and b): the draft
+    step (when one ran: the first round's drafts come from the prefill), the round step's tree
+    build, verify forward, choices + walk, commit (caches, features, counters) and the packing of
+    the host's result; ``round`` is the round step whole, ``gap`` the device time between the
+    draft graph's end and the round graph's start."""
+    out = {name: elapsed(a, b) for name, a, b in ROUND_PHASES}
+    out["round"] = elapsed("round_start", "round_end")
+    if drafted:
+        out["draft"] = elapsed("draft_start", "draft_end")
+        out["gap"] = elapsed("draft_end", "round_start")
+    return out
+
+
 def _record_event() -> "torch.cuda.Event":
     event = torch.cuda.Event(enable_timing=True)
     event.record()
@@ -125,9 +146,12 @@ class FastEngine:
     """Generate with static shapes; CUDA graphs on CUDA (``use_graphs`` forces on/off)."""
 
     def __init__(self, target, drafter, config: GenerationConfig, max_len: int, use_graphs: bool | None = None,
-                 overlap_host: bool = True):
+                 overlap_host: bool = True, phase_events: bool = False):
         self.cfg = config.validate()
         self.overlap_host = overlap_host  # keep the device one round ahead of the host
+        if phase_events and overlap_host:
+            # a round queued ahead would stamp the marks again before the host read them
+            raise ValueError("FastEngine: phase_events needs overlap_host=False (each round read before the next is queued)")
         check_supported(target, drafter, config)
         self.target = target
         self.drafter = drafter if config.method != "ar" else None
@@ -135,6 +159,11 @@ class FastEngine:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise FastPathUnsupported("CUDA graphs need a CUDA target")
+        if phase_events and self.device.type != "cuda":
+            raise FastPathUnsupported("phase_events are CUDA events: they need a CUDA target")
+        # per-phase device timestamps (bench.e2e --graph-phases); None: no marks in the steps
+        self._marks = ({m: torch.cuda.Event(enable_timing=True, external=True) for m in PHASE_MARKS}
+                       if phase_events else None)
         self.sampler = Sampler(config.temperature, config.seed)
         self.block = self.drafter.block_size if self.drafter else 1
         self.depth = self.block - 1  # tree depth L
@@ -163,14 +192,21 @@ class FastEngine:
         self.commit_in_forward = config.method == "ar" and _commit_in_forward and gdn_decode_step_enabled()
 
     # -- the two steps (pure tensor code on the buffers) ---------------------------------------
+    def _mark(self, name: str) -> None:
+        if self._marks is not None:
+            self._marks[name].record()
+
     def _draft_step(self) -> None:
         b = self.buf
+        self._mark("draft_start")
         draft = self.drafter.propose_static(b.bonus, b.position, b.features, b.count, self.k)
         b.draft_tokens.copy_(draft.tokens)
         b.draft_logprobs.copy_(draft.logprobs)
+        self._mark("draft_end")
 
     def _round_step(self) -> None:
         b, cfg = self.buf, self.cfg
+        self._mark("round_start")
         if cfg.method == "ddtree":
             st = build_ddtree_static(b.draft_tokens, b.draft_logprobs, cfg.budget, b.bonus)
         elif cfg.method == "dflash":
@@ -181,9 +217,12 @@ class FastEngine:
         anc = static_ancestor_mask(st.parents, max_depth)
         tree = CompiledTree(st.tokens, st.parents, st.depths, b.position + st.depths, anc, -1, cfg.method != "ddtree", b.position,
                             commit_in_forward=self.commit_in_forward, rooted=True)  # static trees: node 0 is the root
+        self._mark("tree")
         out = self.target(tree, self.cache, cfg.recurrent, self.taps)
+        self._mark("verify")
         choices = choose_static(self.sampler, out.logits, st.depths, b.position + 1, max_depth)
         walk = walk_static(st.tokens, st.parents, st.depths, st.valid, anc, choices, max_depth)
+        self._mark("walk")
         if not tree.commit_in_forward:  # (AR: the forward already moved the recurrent state)
             self.cache.commit_static(b.position, walk.path, walk.count)
         if self.taps:
@@ -191,6 +230,7 @@ class FastEngine:
         b.count.copy_(walk.count)
         b.position.add_(walk.count)
         b.bonus.copy_(walk.bonus)
+        self._mark("commit")
         finite = torch.isfinite(out.logits).all()
         # everything the host reads after the round, packed into one buffer: one transfer
         parts = [walk.count.reshape(1), walk.bonus.reshape(1), finite.reshape(1), walk.path,
@@ -201,6 +241,7 @@ class FastEngine:
         if self.drafter is not None and cfg.draft_trace_k:
             parts += [b.draft_tokens[:, : self.trace_k].reshape(-1), b.draft_logprobs[:, : self.trace_k].reshape(-1)]
         b.out["packed"] = torch.cat([p.reshape(-1).to(torch.float64) for p in parts])
+        self._mark("round_end")
 
     def _launch_round(self, first: bool) -> None:
         """Queue one round: the draft step (the first round's drafts came from the prefill) and the round step."""
@@ -341,7 +382,12 @@ class FastEngine:
                     c.length = position + count
             new_tokens = [got["tokens"][n] for n in path[1:]] + [got["bonus"]]
             stop = extend_generated(generated, new_tokens, eos, cfg.max_new_tokens)
-            rounds.append(self._round_trace(len(rounds), position, bonus, path, got, {"launch": h1 - h0, "sync": h2 - h1}))
+            timings = {"launch": h1 - h0, "sync": h2 - h1}
+            if self._marks is not None:  # (serial host: this round's marks are not yet stamped again)
+                marks = self._marks
+                gpu = phase_ms(lambda a, b_: marks[a].elapsed_time(marks[b_]), drafted=self.drafter is not None and len(rounds) > 0)
+                timings.update({f"gpu_{k}_ms": v for k, v in gpu.items()})
+            rounds.append(self._round_trace(len(rounds), position, bonus, path, got, timings))
             if progress:
                 progress(len(new_tokens))
             bonus = got["bonus"]

@@ -278,6 +278,10 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
                 log(f"{name} T={temperature} HF generate: {hf[str(temperature)]['tokens_per_second']:.1f} tok/s")
             except Exception as exc:  # report, never hide
                 hf[str(temperature)] = {"error": repr(exc)}
+    graph_phases = _graph_phases(target, drafter, ids, args) if args.graph_phases and device.type == "cuda" else {}
+    for label, got in graph_phases.items():
+        log(f"{name} graph phases per round (GPU ms, median), {label}: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in got.items() if isinstance(v, float)))
     # where the time goes: the reference engine with a device sync around every phase
     phases = {}
     for budget in (args.phase_budget,):
@@ -295,7 +299,40 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
         log(f"{name} eager phases per round (ms), budget {budget}: " + ", ".join(f"{k} {v:.3f}" for k, v in phases[str(budget)].items()))
     del target, drafter
     torch.cuda.empty_cache() if device.type == "cuda" else None
-    return {"rows": rows, "hf_generate": hf, "eager_phase_ms_per_round": phases, "model_sha256": files}
+    return {"rows": rows, "hf_generate": hf, "eager_phase_ms_per_round": phases, "graph_phase_ms_per_round": graph_phases,
+            "model_sha256": files}
+
+
+def _graph_phases(target, drafter, ids, args) -> dict:
+    """The fast path's rounds with device timestamps between their phases (FastEngine(phase_events=True),
+    the host reading each round before queueing the next): per method / budget, the median GPU ms
+    per round of draft, tree, verify, walk, commit, pack and the round step whole, over the rounds
+    of ``--phase-prompts`` prompts at T = 0 (fork)."""
+    from ..fastpath import FastEngine
+
+    out = {}
+    configs = [("ar", 1), ("dflash", 1)] + [("ddtree", b) for b in args.budgets]
+    for method, budget in configs:
+        cfg = GenerationConfig(method=method, budget=budget, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0,
+                               trace_topk=0, draft_trace_k=0, stop_on_eos=False)
+        engine = FastEngine(target, drafter, cfg, max_len=max(len(i) for i in ids) + args.max_new_tokens + 8,
+                            overlap_host=False, phase_events=True)
+        engine.generate(ids[0])  # captures the graphs
+        per_round: dict = {}
+        taus = []
+        for x in ids[: args.phase_prompts]:
+            trace = engine.generate(x)
+            taus += trace.acceptance_lengths
+            for r in trace.rounds:
+                for k, v in r.timings.items():
+                    if k.startswith("gpu_"):
+                        per_round.setdefault(k[4:-3], []).append(v)
+        label = method if method != "ddtree" else f"ddtree_{budget}"
+        out[label] = {k: statistics.median(v) for k, v in per_round.items()}
+        out[label].update(rounds=len(taus), tau=statistics.fmean(taus))
+        del engine
+        gc.collect()
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -666,6 +703,9 @@ def main(argv=None) -> dict:
     p.add_argument("--prefetch-variants", action="store_true",
                    help="27B dims: verify 17 / 65 with the output projections' weights read into L2 on a side stream "
                         "during the tree kernels (16 / 32 / 48 MB, evict-last or plain loads), interleaved with it off")
+    p.add_argument("--graph-phases", action="store_true",
+                   help="bundled pairs: the fast path's rounds with device timestamps between phases (draft, tree, "
+                        "verify, walk, commit, pack), GPU ms per round; the host reads each round before queueing the next")
     p.add_argument("--gdn-variants", action="store_true",
                    help="27B dims: verify 33 / 65 with the blocked GDN solve's undecided settings (wide mask scans, "
                         "the root peel, the prepare in dk chunks / 4 warps), interleaved with its defaults")
