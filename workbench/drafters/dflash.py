@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tree_kernels.static import tree_attention_static
 
 from ..models.checkpoint import check_against, group_expert_keys, load_into, read_headers, save_tensors, write_json
 from ..models.common import MLP, KVCache, PackableModel, PackedModule, RMSNorm, Rotary, apply_rotary
@@ -148,6 +149,17 @@ class DFlashAttention(PackedModule):
         sliding = config.layer_types[layer] == "sliding_attention"
         self.causal = sliding if config.is_causal is None else config.is_causal
         self.window = config.sliding_window if sliding else None
+        self._masks: dict = {}  # the fast path's block masks, by (block size, device)
+
+    def _block_mask(self, b: int, device) -> torch.Tensor:
+        """Which block rows a block query sees: all of them, or (causal) itself and those before."""
+        key = (b, str(device))
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = torch.ones(b, b, dtype=torch.bool, device=device)
+            mask = torch.tril(mask) if self.causal else mask
+            self._masks[key] = mask
+        return mask
 
     def forward(self, x, ctx, cache: KVCache, cos_q, sin_q, cos_k, sin_k, q_pos, k_pos, static_rows=None):
         b, c = x.shape[0], ctx.shape[0]
@@ -157,6 +169,17 @@ class DFlashAttention(PackedModule):
         k = self.k_norm(k.view(c + b, self.kv_heads, self.head_dim))
         v = v.view(c + b, self.kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)
+        if static_rows is not None and self.window is None:
+            # fast path: the context rows, then the block, each one launch at its device offset (the
+            # block overwrites the padding past the valid context); the block's queries then read
+            # every row before the block and the block itself (causal: its own earlier rows): a
+            # tree over the committed prefix, one tree-attention launch instead of the masked SDPA
+            # over the whole buffer with K/V repeated per query head
+            ctx_rows, block_rows = static_rows
+            cache.write_static(ctx_rows[0], k[:c], v[:c])
+            cache.write_static(block_rows[0], k[c:], v[c:])
+            o = tree_attention_static(q, cache.k, cache.v, self._block_mask(b, x.device), block_rows[0], self.head_dim**-0.5)
+            return self.o_proj(o.reshape(b, self.heads * self.head_dim))
         if static_rows is None:
             keys, values = cache.write(cache.length, k, v)
         else:
