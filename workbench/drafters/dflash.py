@@ -280,9 +280,9 @@ class DFlashDraftModel(PackableModel):
         ctx_pos = position - count + torch.arange(c, device=noise.device)
         blk_pos = position + torch.arange(b, device=noise.device)
         k_pos = torch.arange(caches[0].capacity, device=noise.device)
-        cos_q, sin_q = self.rotary.cos_sin(blk_pos, noise.dtype)
+        # the block's rows are the last b of the keys' positions: their cos / sin computed once
         cos_k, sin_k = self.rotary.cos_sin(torch.cat([ctx_pos, blk_pos]), noise.dtype)
-        rope = (cos_q, sin_q, cos_k, sin_k, blk_pos, k_pos)
+        rope = (cos_k[c:], sin_k[c:], cos_k, sin_k, blk_pos, k_pos)
         x = noise
         for layer, cache in zip(self.layers, caches):
             x = layer(x, ctx, cache, rope, static_rows=(ctx_pos, blk_pos))
@@ -392,6 +392,12 @@ class DFlashDrafter:
         self.pending = features
 
     @torch.no_grad()
+    def _scaled_embedding(self, block: torch.Tensor) -> torch.Tensor:
+        """The block's noise embedding (the target's embedding, times the drafter's input scale)."""
+        noise = self.target.embed(block)
+        scale = self.model.config.input_embedding_scale
+        return noise * scale if scale != 1.0 else noise
+
     def propose(self, bonus_token: int, position: int, k: int) -> Draft:
         """Distributions for depths 1..B-1 after ``bonus_token`` at ``position``; top-k of each."""
         c = self.model.config
@@ -404,7 +410,7 @@ class DFlashDrafter:
             raise RuntimeError(f"drafter context ({start} + {n_ctx}) out of step with the target position {position}")
         block = torch.full((self.block_size,), c.mask_token_id, dtype=torch.int64, device=device)
         block[0] = int(bonus_token)
-        noise = self.target.embed(block) * c.input_embedding_scale
+        noise = self._scaled_embedding(block)
         ctx_pos = torch.arange(start, position, device=device)
         blk_pos = torch.arange(position, position + self.block_size, device=device)
         h = self.model(self.pending.to(noise.dtype), noise, ctx_pos, blk_pos, self.caches)
@@ -413,11 +419,13 @@ class DFlashDrafter:
 
     def _top_k(self, h: torch.Tensor, k: int) -> Draft:
         c = self.model.config
-        logits = self.target.logits_from_hidden(h[1:]).float() * c.output_multiplier
+        logits = self.target.logits_from_hidden(h[1:])
+        if c.output_multiplier != 1.0 or c.final_logit_softcapping:  # (x 1.0 would be a launch for nothing)
+            logits = logits.float() * c.output_multiplier
         if c.final_logit_softcapping:
             cap = c.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
         top = torch.topk(logprobs, min(k, logprobs.shape[-1]), dim=-1)
         return Draft(top.indices, top.values)
 
@@ -427,6 +435,6 @@ class DFlashDrafter:
         c = self.model.config
         block = torch.full((self.block_size,), c.mask_token_id, dtype=torch.int64, device=bonus.device)
         block[0] = bonus
-        noise = self.target.embed(block) * c.input_embedding_scale
+        noise = self._scaled_embedding(block)
         h = self.model.forward_static(features.to(noise.dtype), count, noise, position, self.caches)
         return self._top_k(h, k)
