@@ -21,8 +21,8 @@ if [[ "$part" == kernels || "$part" == all ]]; then
   python3 -m workbench.bench.kernels --sizes 17,33,64,65,129 --out "$out/kernels.json" 2>&1 | tee "$out/kernels.log"
 fi
 if [[ "$part" == pairs || "$part" == all ]]; then
-  # both zoo pairs, T=0 and T=1, DDTree 8-256 fork/unsafe, HF generate (bf16), then fp32 at T=0
-  python3 -m workbench.bench.e2e --n 8 --skip-27b --phase-prompts 2 --out "$out/e2e-pairs.json" 2>&1 | tee "$out/e2e-pairs.log"
+  # both zoo pairs, T=0 and T=1, DDTree 8-256 fork/unsafe, HF generate, GPU time per round phase (bf16), then fp32 at T=0
+  python3 -m workbench.bench.e2e --n 8 --skip-27b --phase-prompts 2 --graph-phases --out "$out/e2e-pairs.json" 2>&1 | tee "$out/e2e-pairs.log"
   python3 -m workbench.bench.e2e --n 8 --skip-27b --skip-hf --dtype float32 --temperatures 0 --budgets 8,16,32,64 \
     --phase-prompts 1 --out "$out/e2e-pairs-fp32.json" 2>&1 | tee "$out/e2e-pairs-fp32.log"
 fi
