@@ -162,3 +162,16 @@ def test_prefetch_instructions_are_refused_off_the_gpu():
         lp.l2_prefetch(torch.zeros(64, 16), 4096, {"PTX": 1})
     with pytest.raises(ValueError, match="got 3"):
         lp.l2_prefetch(torch.zeros(64, 16), 4096, {"PTX": 3})
+
+
+def test_a_bad_size_in_the_environment_is_named(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_L2_PREFETCH_MB", "lots")
+    with pytest.raises(ValueError, match="WORKBENCH_L2_PREFETCH_MB='lots': expected a number of megabytes"):
+        tk._env_megabytes("WORKBENCH_L2_PREFETCH_MB", 32)
+    monkeypatch.setenv("WORKBENCH_L2_PREFETCH_MB", "-1")
+    with pytest.raises(ValueError, match="must be >= 0"):
+        tk._env_megabytes("WORKBENCH_L2_PREFETCH_MB", 32)
+    monkeypatch.setenv("WORKBENCH_L2_PREFETCH_MB", "1.5")
+    assert tk._env_megabytes("WORKBENCH_L2_PREFETCH_MB", 32) == 3 << 19
+    monkeypatch.delenv("WORKBENCH_L2_PREFETCH_MB")
+    assert tk._env_megabytes("WORKBENCH_L2_PREFETCH_MB", 32) == 32 << 20

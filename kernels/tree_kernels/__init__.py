@@ -335,7 +335,20 @@ def silu_mul(gate, up):
 # (bench.e2e --prefetch-variants). WORKBENCH_L2_PREFETCH_MB sets how much of each weight is read.
 _l2_prefetch = Switch("WORKBENCH_L2_PREFETCH", default=False)
 set_l2_prefetch, l2_prefetch_enabled, use_l2_prefetch = _l2_prefetch.set, _l2_prefetch.enabled, _l2_prefetch.use
-L2_PREFETCH_BYTES = int(float(__import__("os").environ.get("WORKBENCH_L2_PREFETCH_MB", "32")) * (1 << 20))
+def _env_megabytes(name: str, default: float) -> int:
+    raw = __import__("os").environ.get(name)
+    if raw is None:
+        return int(default * (1 << 20))
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number of megabytes") from None
+    if mb < 0:
+        raise ValueError(f"{name}={raw!r}: must be >= 0")
+    return int(mb * (1 << 20))
+
+
+L2_PREFETCH_BYTES = _env_megabytes("WORKBENCH_L2_PREFETCH_MB", 32)
 # smaller weights are left alone: their GEMM is launch-bound, not bandwidth-bound (a tiny model's
 # 256 x 256 projection would only gain a launch and two stream waits)
 L2_PREFETCH_MIN_BYTES = 4 << 20
