@@ -128,3 +128,17 @@ def test_mismatched_drafter_is_refused_with_the_reason(target, tmp_path, change,
     if "architectures" not in message and "missing" not in message and "hidden_size" not in message:
         with pytest.raises(ConfigError, match=message):  # and by the drafter itself, for a loaded model
             DFlashDrafter(load_dflash(tmp_path), target)
+
+
+def test_proposals_build_no_autograd_graph_even_with_trainable_weights(target):
+    """propose / propose_static are inference: with the drafter's weights trainable (as during
+    training-time evaluation) and gradients on, the drafts still carry no graph."""
+    model = random_dflash(target, seed=3, num_layers=1, block_size=6).requires_grad_(True)
+    drafter = DFlashDrafter(model, target)
+    seq = list(range(20, 32))
+    with torch.no_grad():
+        out = target.run_chain(seq, target.new_cache(64), taps=drafter.target_layer_ids)
+    drafter.begin(seq, out.taps, 64)
+    with torch.enable_grad():
+        draft = drafter.propose(seq[-1], len(seq), k=3)
+    assert not draft.logprobs.requires_grad and not draft.tokens.requires_grad

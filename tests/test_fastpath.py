@@ -4,24 +4,30 @@ On CPU the fast path runs eagerly; on CUDA the same steps are captured as graphs
 the GPU machine by the e2e benchmark). Everything here compares with the reference code.
 """
 
-import numpy as np
-import pytest
-import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from test_tree import random_draft
+import os
 
-from tree_kernels import static as static_kernels
-from tree_kernels.tree_attention import naive as attention
-from tree_kernels.tree_conv import naive as conv
-from tree_kernels.tree_gdn import naive as gdn
-from workbench.drafters.dflash import DFlashDrafter
-from workbench.drafters.oracle import OracleDrafter, OracleSpec
-from workbench.engine import GenerationConfig, generate
-from workbench.fastpath import FastEngine, FastPathUnsupported
-from workbench.random_models import random_dflash, random_target
-from workbench.tree import build_ddtree, build_ddtree_static, compile_chain, compile_tree, follow, static_ancestor_mask, ancestor_mask
-from workbench.verify import walk_static
+# the "triton" backend rows run the kernels interpreted on CPU (as test_gemv and the kernel tests);
+# set before any Triton kernel module is imported, so this file also passes run alone
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_tree import random_draft  # noqa: E402
+
+from tree_kernels import static as static_kernels  # noqa: E402
+from tree_kernels.tree_attention import naive as attention  # noqa: E402
+from tree_kernels.tree_conv import naive as conv  # noqa: E402
+from tree_kernels.tree_gdn import naive as gdn  # noqa: E402
+from workbench.drafters.dflash import DFlashDrafter  # noqa: E402
+from workbench.drafters.oracle import OracleDrafter, OracleSpec  # noqa: E402
+from workbench.engine import GenerationConfig, generate  # noqa: E402
+from workbench.fastpath import FastEngine, FastPathUnsupported  # noqa: E402
+from workbench.random_models import random_dflash, random_target  # noqa: E402
+from workbench.tree import build_ddtree, build_ddtree_static, compile_chain, compile_tree, follow, static_ancestor_mask, ancestor_mask  # noqa: E402
+from workbench.verify import walk_static  # noqa: E402
 
 
 @settings(max_examples=80, deadline=None)

@@ -279,7 +279,10 @@ class DFlashDraftModel(PackableModel):
         ctx = self.hidden_norm(self.fc(features))
         ctx_pos = position - count + torch.arange(c, device=noise.device)
         blk_pos = position + torch.arange(b, device=noise.device)
-        k_pos = torch.arange(caches[0].capacity, device=noise.device)
+        # key positions only for the masked SDPA route (sliding-window layers); the others read the
+        # cache through tree attention, masked by the device prefix
+        windowed = any(layer.self_attn.window is not None for layer in self.layers)
+        k_pos = torch.arange(caches[0].capacity, device=noise.device) if windowed else None
         # the block's rows are the last b of the keys' positions: their cos / sin computed once
         cos_k, sin_k = self.rotary.cos_sin(torch.cat([ctx_pos, blk_pos]), noise.dtype)
         rope = (cos_k[c:], sin_k[c:], cos_k, sin_k, blk_pos, k_pos)
@@ -391,13 +394,13 @@ class DFlashDrafter:
     def commit(self, accepted_ids: list[int], features: torch.Tensor | None) -> None:
         self.pending = features
 
-    @torch.no_grad()
     def _scaled_embedding(self, block: torch.Tensor) -> torch.Tensor:
         """The block's noise embedding (the target's embedding, times the drafter's input scale)."""
         noise = self.target.embed(block)
         scale = self.model.config.input_embedding_scale
         return noise * scale if scale != 1.0 else noise
 
+    @torch.no_grad()
     def propose(self, bonus_token: int, position: int, k: int) -> Draft:
         """Distributions for depths 1..B-1 after ``bonus_token`` at ``position``; top-k of each."""
         c = self.model.config
