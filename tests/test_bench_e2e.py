@@ -86,5 +86,9 @@ def test_gdn_variants_set_and_restore_the_blocked_solve():
         assert tg.OFFDIAG_DEFAULTS == before
     labels = list(seen)
     assert labels[0] == "default" and labels[-1] == "default_again" and seen["default"] == seen["default_again"]
+    from workbench.bench.kernels import OFFDIAG_VARIANTS, offdiag_variant_configs
+
+    assert labels[1:-1] == [label for label, extra in OFFDIAG_VARIANTS if extra]  # the one list both benches run
+    assert dict(offdiag_variant_configs(65))["wide_scans_peel_fork_8w"] == seen["wide_scans_peel_fork_8w"]
     assert seen["wide_scans_peel_bkc32_4w"]["ROOT_PEEL"] and seen["wide_scans_peel_bkc32_4w"]["prep_warps"] == 4
     assert seen["wide_scans"]["WIDE_SCANS"] and not seen["wide_scans"]["ROOT_PEEL"]

@@ -70,7 +70,7 @@ def test_the_switch_is_off_unless_asked():
 
 
 def test_a_model_forward_warms_each_output_projection_once_and_changes_nothing(monkeypatch):
-    from workbench.models.common import Attention, ModelCache  # noqa: F401
+    from workbench.models.common import Attention
     from workbench.models.qwen3_5 import GatedDeltaNet
     from workbench.random_models import random_target
 

@@ -9,6 +9,8 @@ The references live in ``tree_<op>/naive.py`` and are what every kernel is teste
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .backend import (Switch, fused_norms_enabled, gemv_enabled, get_backend, set_backend, set_fused_norms, set_gemv,
@@ -335,8 +337,10 @@ def silu_mul(gate, up):
 # (bench.e2e --prefetch-variants). WORKBENCH_L2_PREFETCH_MB sets how much of each weight is read.
 _l2_prefetch = Switch("WORKBENCH_L2_PREFETCH", default=False)
 set_l2_prefetch, l2_prefetch_enabled, use_l2_prefetch = _l2_prefetch.set, _l2_prefetch.enabled, _l2_prefetch.use
+
+
 def _env_megabytes(name: str, default: float) -> int:
-    raw = __import__("os").environ.get(name)
+    raw = os.environ.get(name)
     if raw is None:
         return int(default * (1 << 20))
     try:
@@ -361,9 +365,11 @@ def l2_prefetch_start(weight: torch.Tensor):
     handle for ``l2_prefetch_join`` (None when nothing is pending). A no-op when off, under
     torch.compile, for a weight under L2_PREFETCH_MIN_BYTES or not one contiguous range; on a CPU
     with the Triton backend forced (tests) the read runs inline."""
+    if not _l2_prefetch.on:  # (the default: every layer of every forward asks)
+        return None
     size = weight.numel() * weight.element_size()
-    if not (_l2_prefetch.on and L2_PREFETCH_BYTES > 0 and size >= L2_PREFETCH_MIN_BYTES and size % 4 == 0
-            and weight.is_contiguous() and use_triton(weight)) or torch.compiler.is_compiling():
+    if not (L2_PREFETCH_BYTES > 0 and size >= L2_PREFETCH_MIN_BYTES and size % 4 == 0 and weight.is_contiguous()
+            and use_triton(weight)) or torch.compiler.is_compiling():
         return None
     from ._triton_common import scratch
     from .l2_prefetch import triton as impl

@@ -69,18 +69,6 @@ def round_fusions() -> dict:
             "l2_prefetch_bytes": tk.L2_PREFETCH_BYTES}
 
 
-def tk_l2_enabled() -> bool:
-    import tree_kernels as tk
-
-    return tk.l2_prefetch_enabled()
-
-
-def tk_l2_bytes() -> int:
-    import tree_kernels as tk
-
-    return tk.L2_PREFETCH_BYTES
-
-
 @contextlib.contextmanager
 def l2_prefetch_setting(on: bool, nbytes: int, evict_last: bool):
     """The L2 warm-up of the output projections (tree_kernels.l2_prefetch_start) switched and sized for a block."""
@@ -98,18 +86,14 @@ def l2_prefetch_setting(on: bool, nbytes: int, evict_last: bool):
 
 def gdn_variants() -> tuple:
     """(label, make_context) for ``interleaved``: the blocked GDN solve (stored off-diagonal blocks)
-    at its defaults, then with the settings tree_gdn.triton.OFFDIAG_DEFAULTS leaves undecided, and
-    the defaults again last (drift over the run)."""
+    at its defaults, then with each setting of bench.kernels.OFFDIAG_VARIANTS, and the defaults
+    again last (drift over the run)."""
     from tree_kernels.tree_gdn import triton as tg
 
-    wide_peel = {"WIDE_SCANS": True, "ROOT_PEEL": True}
-    return (("default", contextlib.nullcontext),
-            ("wide_scans", lambda: tg.blocked_variant(WIDE_SCANS=True)),
-            ("wide_scans_peel", lambda: tg.blocked_variant(**wide_peel)),
-            ("wide_scans_peel_bkc32", lambda: tg.blocked_variant(**wide_peel, PREP_BKC=32)),
-            ("wide_scans_peel_bkc32_4w", lambda: tg.blocked_variant(**wide_peel, PREP_BKC=32, prep_warps=4)),
-            ("prep_bkc32_4w", lambda: tg.blocked_variant(PREP_BKC=32, prep_warps=4)),
-            ("default_again", contextlib.nullcontext))
+    from .kernels import OFFDIAG_VARIANTS
+
+    variants = [(label, lambda s=settings: tg.blocked_variant(**s)) for label, settings in OFFDIAG_VARIANTS if settings]
+    return (("default", contextlib.nullcontext), *variants, ("default_again", contextlib.nullcontext))
 
 
 def prefetch_variants() -> tuple:
@@ -612,8 +596,9 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
 
             lp.DEFAULT_CONFIG.update(json.loads(args.prefetch_config))
             log(f"27B dims: L2 warm-up kernel config {lp.DEFAULT_CONFIG}")
+        fusions = round_fusions()
         out["l2_prefetch_variants"] = interleaved("l2 prefetch", prefetch_variants(), {
-            "default_on": tk_l2_enabled(), "default_bytes": tk_l2_bytes()})
+            "default_on": fusions["l2_prefetch"], "default_bytes": fusions["l2_prefetch_bytes"]})
         if args.profile:  # whether the out_proj / o_proj GEMMs got faster (kernel times by name)
             with l2_prefetch_setting(True, 32 << 20, True):
                 eng = engine_for("ddtree", 64)

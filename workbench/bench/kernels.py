@@ -254,20 +254,25 @@ def sweep_gdn_configs(label: str, configs: list[dict], call, reference, error_ke
     return records
 
 
+# The blocked solve with stored off-diagonal blocks at its defaults and with each setting
+# tree_gdn.triton.OFFDIAG_DEFAULTS leaves undecided: timed here in isolation (--only gdn_offdiag)
+# and in the 27B verify (bench.e2e --gdn-variants)
+_WIDE_PEEL = {"WIDE_SCANS": True, "ROOT_PEEL": True}
+OFFDIAG_VARIANTS = (
+    ("default", {}), ("wide_scans", {"WIDE_SCANS": True}), ("wide_scans_peel", _WIDE_PEEL),
+    ("wide_scans_peel_bkc32", dict(_WIDE_PEEL, PREP_BKC=32)),
+    ("wide_scans_peel_bkc32_4w", dict(_WIDE_PEEL, PREP_BKC=32, prep_warps=4)),
+    ("wide_scans_peel_bkc32_2w", dict(_WIDE_PEEL, PREP_BKC=32, prep_warps=2)),
+    ("prep_bkc32_4w", {"PREP_BKC": 32, "prep_warps": 4}), ("wide_scans_peel_fork_8w", dict(_WIDE_PEEL, num_warps=8)),
+)
+
+
 def offdiag_variant_configs(t: int) -> list[tuple[str, dict]]:
-    """The blocked solve with stored off-diagonal blocks at its defaults and with each setting
-    tree_gdn.triton.OFFDIAG_DEFAULTS leaves undecided (bench.e2e --gdn-variants runs the same in
-    the 27B verify)."""
+    """OFFDIAG_VARIANTS as full configs of the blocked solve at t nodes."""
     from tree_kernels.tree_gdn import triton as tg
 
     base = tg.blocked_config(t, GDN["dv"])
-    wide_peel = {"WIDE_SCANS": True, "ROOT_PEEL": True}
-    extras = [("default", {}), ("wide_scans", {"WIDE_SCANS": True}), ("wide_scans_peel", wide_peel),
-              ("wide_scans_peel_bkc32", dict(wide_peel, PREP_BKC=32)),
-              ("wide_scans_peel_bkc32_4w", dict(wide_peel, PREP_BKC=32, prep_warps=4)),
-              ("wide_scans_peel_bkc32_2w", dict(wide_peel, PREP_BKC=32, prep_warps=2)),
-              ("prep_bkc32_4w", {"PREP_BKC": 32, "prep_warps": 4}), ("wide_scans_peel_fork_8w", dict(wide_peel, num_warps=8))]
-    return [(label, dict(base, **extra)) for label, extra in extras]
+    return [(label, dict(base, **extra)) for label, extra in OFFDIAG_VARIANTS]
 
 
 def bench_gdn_offdiag(t: int) -> dict:
