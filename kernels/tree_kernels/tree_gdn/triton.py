@@ -87,9 +87,12 @@ def _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS: tl.constexp
 
 @triton.jit
 def _block_pair_dots(Q, K, rows, rm, cols, cm, hk, sq_t, sq_h, sk_t, sk_h, scale, DK: tl.constexpr, BK: tl.constexpr,
-                     BKC: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, WITH_Q: tl.constexpr):
+                     BKC: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, WITH_Q: tl.constexpr, SAME: tl.constexpr):
     """K_rows K_cols^T and (WITH_Q) scale Q_rows K_cols^T, [BS, BS] fp32, summed over dk in BKC-wide
-    chunks: with BKC < BK no [BS, dk] tile is held whole (at one warp and tf32x3, whose dots keep
+    chunks (SAME: rows and cols are one block, loaded once). With BKC < BK no [BS, dk] tile is held
+    whole (at one warp and tf32x3, whose dots keep hi / lo copies of both operands, [16, 128] tiles
+    spill ~800 B a thread on sm_90)."""K_rows K_cols^T and (WITH_Q) scale Q_rows K_cols^T, [BS, BS] fp32, summed over dk in BKC-wide
+    chunks (SAME: rows and cols are one block): with BKC < BK no [BS, dk] tile is held whole (at one warp and tf32x3, whose dots keep
     hi / lo copies of both operands, [16, 128] tiles spill ~800 B a thread on sm_90)."""
     kk = tl.zeros([BS, BS], dtype=tl.float32)
     qk = tl.zeros([BS, BS], dtype=tl.float32)
@@ -97,7 +100,10 @@ def _block_pair_dots(Q, K, rows, rm, cols, cm, hk, sq_t, sq_h, sk_t, sk_h, scale
         offk = ch * BKC + tl.arange(0, BKC)
         km = offk < DK
         kc = tl.load(K + cols[:, None] * sk_t + hk * sk_h + offk[None, :], mask=cm[:, None] & km[None, :], other=0.0).to(tl.float32)
-        kr = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32)
+        if SAME:  # a diagonal block: rows and cols are the same nodes, loaded once
+            kr = kc
+        else:
+            kr = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32)
         kk += tl.dot(kr, tl.trans(kc), input_precision=PREC)
         if WITH_Q:
             qr = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32) * scale
@@ -195,7 +201,7 @@ def _gdn_prepare_kernel(
         a = tl.load(Anc + rows[:, None] * sa_n + rows[None, :], mask=rm[:, None] & rm[None, :], other=0) != 0
         dec = tl.exp(tl.where(a, Gb[:, None] - Gb[None, :], float("-inf")))
         strict = a & (ar[:, None] != ar[None, :])
-        kk, qk = _block_pair_dots(Q, K, rows, rm, rows, rm, hk, sq_t, sq_h, sk_t, sk_h, scale, DK, BK, BKC, BS, PREC, OFF)
+        kk, qk = _block_pair_dots(Q, K, rows, rm, rows, rm, hk, sq_t, sq_h, sk_t, sk_h, scale, DK, BK, BKC, BS, PREC, OFF, True)
         Lbb = tl.where(strict, bb[:, None] * dec * kk, 0.0)
         if DOUBLING:  # dots only: no per-row reductions, so a 32-row block costs log2(32) levels, not 31 steps
             inv = _unit_lower_inverse_doubling(Lbb, BS, LOG2BS, PREC)
@@ -210,7 +216,7 @@ def _gdn_prepare_kernel(
         cols = r0 + c * BS + ar
         cm = cols < T
         Gc = _path_sums(Gin, Anc, cols, cm, j, T, sg_t, sg_h, sa_n, BS, c + 1 + r0, TP)
-        kk, qk = _block_pair_dots(Q, K, rows, rm, cols, cm, hk, sq_t, sq_h, sk_t, sk_h, scale, DK, BK, BKC, BS, PREC, True)
+        kk, qk = _block_pair_dots(Q, K, rows, rm, cols, cm, hk, sq_t, sq_h, sk_t, sk_h, scale, DK, BK, BKC, BS, PREC, True, False)
         ac = tl.load(Anc + rows[:, None] * sa_n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0) != 0
         dc = tl.exp(tl.where(ac, Gb[:, None] - Gc[None, :], float("-inf")))  # select before exp
         base = ((b * nb + c) * HV + j) * BS * BS + tile
