@@ -91,9 +91,7 @@ def _block_pair_dots(Q, K, rows, rm, cols, cm, hk, sq_t, sq_h, sk_t, sk_h, scale
     """K_rows K_cols^T and (WITH_Q) scale Q_rows K_cols^T, [BS, BS] fp32, summed over dk in BKC-wide
     chunks (SAME: rows and cols are one block, loaded once). With BKC < BK no [BS, dk] tile is held
     whole (at one warp and tf32x3, whose dots keep hi / lo copies of both operands, [16, 128] tiles
-    spill ~800 B a thread on sm_90)."""K_rows K_cols^T and (WITH_Q) scale Q_rows K_cols^T, [BS, BS] fp32, summed over dk in BKC-wide
-    chunks (SAME: rows and cols are one block): with BKC < BK no [BS, dk] tile is held whole (at one warp and tf32x3, whose dots keep
-    hi / lo copies of both operands, [16, 128] tiles spill ~800 B a thread on sm_90)."""
+    spill ~800 B a thread on sm_90)."""
     kk = tl.zeros([BS, BS], dtype=tl.float32)
     qk = tl.zeros([BS, BS], dtype=tl.float32)
     for ch in tl.static_range(BK // BKC):
