@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements, as run on the device machine (torch, triton, transformers preinstalled; no
-# network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all|few-rows|l2  [OUT dir]
+# network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all|few-rows|l2|pdl  [OUT dir]
 # kernels ~3-5 min, pairs ~4 min, 27b ~2.5 min on an H200 (2026-12-03); results are JSON under OUT
 # (default $OUT or out/device). Copy them to data/results/ as e2e-<device>-<date>[-27b|-fp32].json
 # (the figure and projection readers take the newest bf16 H200 file that has their part, --device
@@ -42,4 +42,11 @@ if [[ "$part" == l2 ]]; then
   # the 27B verify 17 / 65 with it at 16-48 MB interleaved with it off, and the profile of verify 65 with it
   python3 -m workbench.bench.l2 --out "$out/l2.json" 2>&1 | tee "$out/l2.log"
   python3 -m workbench.bench.e2e --skip-pairs --profile --prefetch-variants --budgets-27b 16,64 --out "$out/e2e-27b-l2.json" 2>&1 | tee "$out/e2e-27b-l2.log"
+fi
+if [[ "$part" == pdl ]]; then
+  # programmatic dependent launch of the Triton kernels: the 27B AR step and verify 17 / 65 with it and
+  # without (off / on / off / on), then both pairs' fork rows at T = 0, each followed by its twin with it
+  python3 -m workbench.bench.e2e --skip-pairs --pdl-variants --budgets-27b 16,64 --repeats 20 --out "$out/e2e-27b-pdl.json" 2>&1 | tee "$out/e2e-27b-pdl.log"
+  python3 -m workbench.bench.e2e --skip-27b --skip-hf --n 8 --temperatures 0 --budgets 8,16,32 --phase-prompts 1 --phase-budget 8 \
+    --pdl-pairs --out "$out/e2e-pairs-pdl.json" 2>&1 | tee "$out/e2e-pairs-pdl.log"
 fi

@@ -9,12 +9,18 @@ def test_e2e_pairs_on_cpu_write_rows_and_print_the_table(tmp_path, capsys):
     out = tmp_path / "e2e.json"
     e2e.main(["--pairs", "tiny-hybrid:tiny-hybrid-dflash", "--n", "1", "--max-new-tokens", "6", "--budgets", "8",
               "--temperatures", "0", "--skip-hf", "--phase-prompts", "1", "--phase-budget", "8", "--both-norms", "--serial-host",
-              "--dtype", "float32", "--out", str(out)])
+              "--pdl-pairs", "--dtype", "float32", "--out", str(out)])
     result = json.loads(out.read_text())
     rows = result["pairs"]["tiny-hybrid"]["rows"]
     variants = {r["variant"] for r in rows}
     # CPU: the run's own setting, the other, and the run's own with the host recording before queueing
-    assert variants == {"reference_norms", "fused_norms", "reference_norms/serial_host"}
+    assert variants == {"reference_norms", "fused_norms", "reference_norms/serial_host", "reference_norms/pdl"}
+    # each fork row of the run's own setting followed by its PDL twin, whose output is the AR row's
+    own = [(r["method"], r["budget"], r["variant"]) for r in rows if r["variant"] in ("reference_norms", "reference_norms/pdl")
+           and r["recurrent"] == "fork"]
+    assert own == [(m, b, v) for m, b in (("ar", None), ("dflash", None), ("ddtree", 8))
+                   for v in ("reference_norms", "reference_norms/pdl")]
+    assert all(r["identical_to_ar"] == 1 for r in rows if r["variant"].endswith("/pdl"))
     serial = [r for r in rows if r["variant"].endswith("/serial_host")]
     assert [(r["method"], r["budget"]) for r in serial] == [("ar", None), ("dflash", None), ("ddtree", 8)]
     assert rows[0]["method"] == "ar" and rows[0]["variant"] == "reference_norms"
@@ -26,7 +32,7 @@ def test_e2e_pairs_on_cpu_write_rows_and_print_the_table(tmp_path, capsys):
     assert unsafe and all(r["variant"] == "reference_norms" for r in unsafe)
     assert result["pairs"]["tiny-hybrid"]["model_sha256"]  # budget auto checks these
     assert result["round_fusions"] == {"stacked_commit": True, "kv_commit_launch": True, "fused_conv_gates": True,
-                                       "l2_prefetch": False, "l2_prefetch_bytes": 32 << 20}
+                                       "l2_prefetch": False, "l2_prefetch_bytes": 32 << 20, "pdl": False}
     printed = capsys.readouterr().out
     assert "tiny-hybrid: tokens/s" in printed and "fused_norms" in printed and "identical 1/1" in printed
 
@@ -92,3 +98,37 @@ def test_gdn_variants_set_and_restore_the_blocked_solve():
     assert dict(offdiag_variant_configs(65))["wide_scans_peel_fork_8w"] == seen["wide_scans_peel_fork_8w"]
     assert seen["wide_scans_peel_bkc32_4w"]["ROOT_PEEL"] and seen["wide_scans_peel_bkc32_4w"]["prep_warps"] == 4
     assert seen["wide_scans"]["WIDE_SCANS"] and not seen["wide_scans"]["ROOT_PEEL"]
+
+
+def test_pdl_variants_time_each_setting_with_the_switch_set_and_restore_it():
+    """--pdl-variants: the AR step and the verify 17 / 65 built and timed with PDL off, on, off, on
+    (the switch as each label says while its engines are built and timed, restored afterwards),
+    each "on" over the "off" before it and each verify over its own AR step."""
+    import tree_kernels as tk
+
+    from workbench.bench.e2e import PDL_ORDER, pdl_variants
+
+    built = []
+
+    class Engine:
+        def __init__(self, method, budget):
+            self.method, self.budget, self.pdl = method, budget, tk.pdl_enabled()
+            built.append(self)
+
+        def _round_step(self):
+            pass
+
+    def time_step(eng, name, fn):
+        assert tk.pdl_enabled() == eng.pdl and name == "round"
+        base = 10.0 if eng.method == "ar" else 12.0 + eng.budget / 64
+        return base * (0.9 if eng.pdl else 1.0)
+
+    before = tk.pdl_enabled()
+    got = pdl_variants([16, 32, 64], Engine, time_step, floor_ms=8.0)
+    assert tk.pdl_enabled() == before and "error" not in got
+    assert [(e.method, e.budget, e.pdl) for e in built] == [
+        (m, b, label.startswith("on")) for label in PDL_ORDER for m, b in (("ar", 1), ("ddtree", 16), ("ddtree", 64))]
+    assert got["on"]["ar_step_ms"] == 9.0 and got["off"]["verify_65_fork_ms"] == 13.0
+    assert abs(got["on_over_off"]["verify_17_fork_ms"] - 0.9) < 1e-12 and abs(got["off"]["ar_step_over_floor"] - 1.25) < 1e-12
+    assert abs(got["off_again"]["verify_65_over_ar"] - 1.3) < 1e-12 and set(got["on_again_over_off_again"]) == {
+        "ar_step_ms", "verify_17_fork_ms", "verify_65_fork_ms"}

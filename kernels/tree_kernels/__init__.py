@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from .backend import (Switch, fused_norms_enabled, gemv_enabled, get_backend, set_backend, set_fused_norms, set_gemv,
-                      triton_available, use_backend, use_fused_norms, use_gemv, use_triton)
+from .backend import (Switch, fused_norms_enabled, gemv_enabled, get_backend, pdl_enabled, set_backend, set_fused_norms,
+                      set_gemv, set_pdl, triton_available, use_backend, use_fused_norms, use_gemv, use_pdl, use_triton)
 from .tree_attention import naive as attention_naive
 from .tree_build import naive as build_naive
 from .tree_conv import naive as conv_naive
@@ -59,6 +59,9 @@ __all__ = [
     "l2_prefetch_enabled",
     "set_l2_prefetch",
     "use_l2_prefetch",
+    "pdl_enabled",
+    "set_pdl",
+    "use_pdl",
 ]
 
 

@@ -52,6 +52,11 @@ set_fused_norms, fused_norms_enabled, use_fused_norms = _fused_norms.set, _fused
 _gemv = Switch("WORKBENCH_GEMV")
 set_gemv, gemv_enabled, use_gemv = _gemv.set, _gemv.enabled, _gemv.use
 
+# Programmatic dependent launch of the Triton kernels on Hopper (tree_kernels._pdl says how it stays
+# exact). Off by default until a device run measures it: WORKBENCH_PDL=1 or set_pdl(True).
+_pdl = Switch("WORKBENCH_PDL", default=False)
+set_pdl, pdl_enabled, use_pdl = _pdl.set, _pdl.enabled, _pdl.use
+
 
 def triton_available() -> bool:
     try:

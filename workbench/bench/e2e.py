@@ -66,7 +66,7 @@ def round_fusions() -> dict:
 
     return {"stacked_commit": qwen3_5.stacked_commit_enabled(), "kv_commit_launch": st.kv_commit_launch_enabled(),
             "fused_conv_gates": tk.fused_conv_gates_enabled(), "l2_prefetch": tk.l2_prefetch_enabled(),
-            "l2_prefetch_bytes": tk.L2_PREFETCH_BYTES}
+            "l2_prefetch_bytes": tk.L2_PREFETCH_BYTES, "pdl": tk.pdl_enabled()}
 
 
 @contextlib.contextmanager
@@ -106,6 +106,42 @@ def prefetch_variants() -> tuple:
             ("l2_32mb", lambda: l2_prefetch_setting(True, 32 * mb, True)),
             ("l2_48mb", lambda: l2_prefetch_setting(True, 48 * mb, True)),
             ("l2_32mb_evict_normal", lambda: l2_prefetch_setting(True, 32 * mb, False)))
+
+
+PDL_ORDER = ("off", "on", "off_again", "on_again")  # twice each, interleaved: drift shows as off vs off_again
+
+
+def pdl_variants(budgets, engine_for, time_step, floor_ms: float) -> dict:
+    """The AR step and the verify of 17 and 65 tokens (fork; those of ``budgets`` + 1 among them) with
+    every Triton kernel launched with PDL (tree_kernels._pdl) and without, in PDL_ORDER; each "on"
+    over the "off" just before it, and the verify over the AR step of its own setting. Errors are
+    reported in the result: the default numbers stand."""
+    import tree_kernels as tk
+
+    got: dict = {"order": list(PDL_ORDER), "default_on": tk.pdl_enabled()}
+    verify_budgets = [b for b in (16, 64) if b in budgets]
+    try:
+        for label in PDL_ORDER:
+            with tk.use_pdl(label.startswith("on")):
+                row: dict = {}
+                for method, budget in (("ar", 1), *(("ddtree", b) for b in verify_budgets)):
+                    eng = engine_for(method, budget)
+                    key = "ar_step_ms" if method == "ar" else f"verify_{budget + 1}_fork_ms"
+                    row[key] = time_step(eng, "round", eng._round_step)
+                    del eng
+                    torch.cuda.empty_cache()
+                row["ar_step_over_floor"] = row["ar_step_ms"] / floor_ms
+                for b in verify_budgets:
+                    row[f"verify_{b + 1}_over_ar"] = row[f"verify_{b + 1}_fork_ms"] / row["ar_step_ms"]
+                got[label] = row
+                log(f"27B dims, PDL {label}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
+        for on, off in (("on", "off"), ("on_again", "off_again")):
+            got[f"{on}_over_{off}"] = {k: got[on][k] / got[off][k] for k in got[on] if k.endswith("_ms")}
+            log(f"27B dims, PDL {on} / {off}: " + ", ".join(f"{k} {v:.3f}x" for k, v in got[f"{on}_over_{off}"].items()))
+    except Exception as exc:
+        got["error"] = repr(exc)[:2000]
+        log(f"27B dims, PDL variants failed: {exc!r}"[:500])
+    return got
 
 
 def few_rows_default() -> dict:
@@ -186,6 +222,7 @@ def norm_variants(device) -> tuple[str, str]:
 
 
 SERIAL = "/serial_host"  # variant suffix: FastEngine(overlap_host=False), the ablation of queueing ahead
+PDL = "/pdl"  # variant suffix: every Triton kernel launched with programmatic dependent launch (tree_kernels._pdl)
 
 
 def bench_pair(name, drafter_name, prompts, args, device) -> dict:
@@ -215,10 +252,12 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
         if args.serial_host and temperature == 0:  # the host reads each round before queueing the next
             configs += [("ar", 1, "fork", main + SERIAL), ("dflash", 1, "fork", main + SERIAL)]
             configs += [("ddtree", b, "fork", main + SERIAL) for b in budgets]
+        if getattr(args, "pdl_pairs", False) and temperature == 0:  # each fork row again right after it, with PDL
+            configs = [c for row in configs for c in ((row, (*row[:3], main + PDL)) if row[2:] == ("fork", main) else (row,))]
         for method, budget, mode, variant in configs:
             cfg = GenerationConfig(method=method, budget=budget, recurrent=mode, max_new_tokens=args.max_new_tokens,
                                    temperature=temperature, seed=0, trace_topk=0, draft_trace_k=0, stop_on_eos=False)
-            with tk.use_fused_norms(variant.startswith("fused_norms")):
+            with tk.use_fused_norms(variant.startswith("fused_norms")), tk.use_pdl(variant.endswith(PDL) or tk.pdl_enabled()):
                 engine = FastEngine(target, drafter, cfg, max_len=max_len, overlap_host=not variant.endswith(SERIAL))
                 engine.generate(ids[0])  # warm-up: captures the graphs
                 gc.collect()
@@ -608,6 +647,8 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
                 except Exception as exc:
                     out["verify_65_fork_l2_prefetch_profile"] = {"error": repr(exc)[:1000]}
                 del eng
+    if args.pdl_variants:  # every Triton kernel launched with programmatic dependent launch, interleaved with it off
+        out["pdl_variants"] = pdl_variants(args.budgets_27b, engine_for, time_step, floor_ms)
     if args.few_rows_tuned:  # the verify's GEMMs through the Triton few-rows GEMM where a sweep tuned it, interleaved with cuBLAS
         from tree_kernels.gemv import triton as tgm
 
@@ -706,6 +747,12 @@ def main(argv=None) -> dict:
     p.add_argument("--few-rows-tuned", default=None,
                    help="27B dims: a bench.gemv result; the verify at each budget again with its GEMMs through the few-rows "
                         "GEMM where that sweep beat cuBLAS, interleaved with cuBLAS")
+    p.add_argument("--pdl-pairs", action="store_true",
+                   help="pairs at T=0: each fork row (AR, DFlash, DDTree) again right after it with programmatic dependent "
+                        "launch (rows of variant <norms>/pdl; identical_to_ar compares with the AR row without it)")
+    p.add_argument("--pdl-variants", action="store_true",
+                   help="27B dims: the AR step and verify 17 / 65 with every Triton kernel launched with programmatic "
+                        "dependent launch (WORKBENCH_PDL) and without, off / on / off / on")
     p.add_argument("--serial-host", action="store_true",
                    help="pairs at T=0: also run with the host recording each round before queueing the next "
                         "(rows of variant <norms>/serial_host)")

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_enter, pdl_options
 from . import few_rows_tuned as _committed_routes
 from .naive import check_linear_inputs
 
@@ -54,7 +55,7 @@ def config_for(weight: torch.Tensor) -> dict:
 
 @triton.jit
 def _gemv_kernel(X, W, B, Y, N, K, k_per_split, stride_w, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr = False):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -64,7 +65,16 @@ def _gemv_kernel(X, W, B, Y, N, K, k_per_split, stride_w, HAS_BIAS: tl.constexpr
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = W + rows.to(tl.int64)[:, None] * stride_w
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    k_loop = k_start
+    if USE_GDC:  # the first weight tile is read while the kernel before this one finishes (_pdl.py)
+        c = k_start + cols
+        c_ok = c < k_end
+        w = tl.load(w_rows + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+        pdl_enter(USE_GDC)
+        xv = tl.load(X + c, mask=c_ok, other=0.0)
+        acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
+        k_loop = k_start + BLOCK_K
+    for k0 in range(k_loop, k_end, BLOCK_K):
         c = k0 + cols
         c_ok = c < k_end
         w = tl.load(w_rows + c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
@@ -80,7 +90,8 @@ def _gemv_kernel(X, W, B, Y, N, K, k_per_split, stride_w, HAS_BIAS: tl.constexpr
 
 
 @triton.jit
-def _split_sum_kernel(P, B, Y, N, N_BIAS, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _split_sum_kernel(P, B, Y, N, N_BIAS, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     # P [SPLIT_K, N] fp32 partials -> Y [N]; N may be M rows x N_BIAS columns flattened (the few-rows GEMM)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < N
@@ -108,12 +119,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     launch = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split == 1:
         _gemv_kernel[(triton.cdiv(n, bn), 1)](x, weight, b, y, n, k, k_per_split, weight.stride(0),
-                                              HAS_BIAS=bias is not None, PARTIAL=False, **launch)
+                                              HAS_BIAS=bias is not None, PARTIAL=False, **launch, **pdl_options(x))
         return y
     partial = torch.empty(split, n, dtype=torch.float32, device=x.device)
     _gemv_kernel[(triton.cdiv(n, bn), split)](x, weight, b, partial, n, k, k_per_split, weight.stride(0),
-                                              HAS_BIAS=False, PARTIAL=True, **launch)
-    _split_sum_kernel[(triton.cdiv(n, 1024),)](partial, b, y, n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024)
+                                              HAS_BIAS=False, PARTIAL=True, **launch, **pdl_options(x))
+    _split_sum_kernel[(triton.cdiv(n, 1024),)](partial, b, y, n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, **pdl_options(partial))
     return y
 
 
@@ -252,7 +263,8 @@ def linear_cublaslt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 @triton.jit
 def _few_rows_swap_kernel(X, W, B, Y, M, N, K, k_per_split, sxm, swn, sym, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
                           DOT_FP32: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          M_MAIN: tl.constexpr, M_TAIL: tl.constexpr):
+                          M_MAIN: tl.constexpr, M_TAIL: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -303,7 +315,8 @@ def _few_rows_swap_kernel(X, W, B, Y, M, N, K, k_per_split, sxm, swn, sym, HAS_B
 
 @triton.jit
 def _few_rows_kernel(X, W, B, Y, M, N, K, sxm, swn, sym, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     # row blocks fastest: the programs that share a weight tile run side by side (L2 serves the rest)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -328,7 +341,8 @@ def _few_rows_kernel(X, W, B, Y, M, N, K, sxm, swn, sym, HAS_BIAS: tl.constexpr,
 @triton.jit
 def _few_rows_swap_tma_kernel(x_desc, xt_desc, w_desc, B, Y, M, N, K, k_per_split, sym, HAS_BIAS: tl.constexpr,
                               PARTIAL: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              M_MAIN: tl.constexpr, M_TAIL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                              M_MAIN: tl.constexpr, M_TAIL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     # the "swap" layout with every tile loaded by the Hopper TMA (tensor descriptors): no address
     # arithmetic or masks in the loop, the tiles past M, N or K come back as zeros
     pid_n = tl.program_id(0)
@@ -394,7 +408,7 @@ def gemm_few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         bm = min(max(16, 1 << (m - 1).bit_length()), cfg["MAX_BLOCK_M"])  # tl.dot wants >= 16 rows
         _few_rows_kernel[(triton.cdiv(m, bm), triton.cdiv(n, cfg["BLOCK_N"]))](
             x, weight, bias if bias is not None else y, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-            HAS_BIAS=bias is not None, DOT_FP32=_INTERPRETED, BLOCK_M=bm, **launch)
+            HAS_BIAS=bias is not None, DOT_FP32=_INTERPRETED, BLOCK_M=bm, **launch, **pdl_options(x))
         return y
     chunk = SWAP_MAX_MAIN + SWAP_MAX_MAIN // 4  # 257 rows (a budget of 256 + the root) stay one launch
     for r0 in range(0, m, chunk):
@@ -422,15 +436,15 @@ def _few_rows_swap(x, weight, bias, y, split, launch, tma: bool, warp_specialize
         out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
         _few_rows_swap_tma_kernel[grid](*descs, b, out, m, n, k, k_per_split, y.stride(0) if split == 1 else n,
                                         HAS_BIAS=bias is not None and split == 1, PARTIAL=split > 1,
-                                        WARP_SPECIALIZE=bool(warp_specialize), **blocks)
+                                        WARP_SPECIALIZE=bool(warp_specialize), **blocks, **pdl_options(y))
         if split > 1:
-            _split_sum_kernel[(triton.cdiv(m * n, 1024),)](out, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024)
+            _split_sum_kernel[(triton.cdiv(m * n, 1024),)](out, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, **pdl_options(out))
         return
     if split == 1:
         _few_rows_swap_kernel[grid](x, weight, b, y, m, n, k, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
-                                    HAS_BIAS=bias is not None, PARTIAL=False, **blocks)
+                                    HAS_BIAS=bias is not None, PARTIAL=False, **blocks, **pdl_options(x))
         return
     partial = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _few_rows_swap_kernel[grid](x, weight, b, partial, m, n, k, k_per_split, x.stride(0), weight.stride(0), n,
-                                HAS_BIAS=False, PARTIAL=True, **blocks)
-    _split_sum_kernel[(triton.cdiv(m * n, 1024),)](partial, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024)
+                                HAS_BIAS=False, PARTIAL=True, **blocks, **pdl_options(x))
+    _split_sum_kernel[(triton.cdiv(m * n, 1024),)](partial, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, **pdl_options(partial))

@@ -15,13 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_enter, pdl_options
 from .._triton_common import next_pow2
 
 __all__ = ["kv_commit_static", "kv_write_static"]
 
 
 @triton.jit
-def _kv_write_kernel(KB, VB, Start, K, V, C, D, skb_r, svb_r, sk_t, sk_h, sv_t, sv_h, BLOCK: tl.constexpr):
+def _kv_write_kernel(KB, VB, Start, K, V, C, D, skb_r, svb_r, sk_t, sk_h, sv_t, sv_h, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # flat (head, channel) index in the row
     m = offs < C
@@ -47,12 +49,13 @@ def kv_write_static(k_buf, v_buf, start, k, v, *, block: int = 1024, num_warps: 
     bl = min(block, max(16, next_pow2(c)))
     _kv_write_kernel[(t, triton.cdiv(c, bl))](
         k_buf, v_buf, start.reshape(1), k, v, c, d, k_buf.stride(0), v_buf.stride(0),
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), BLOCK=bl, num_warps=num_warps,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), BLOCK=bl, num_warps=num_warps, **pdl_options(k_buf)
     )
 
 
 @triton.jit
-def _kv_commit_kernel(KB, VB, Start, Path, Count, C, P, skb_r, svb_r, BP: tl.constexpr, BLOCK: tl.constexpr):
+def _kv_commit_kernel(KB, VB, Start, Path, Count, C, P, skb_r, svb_r, BP: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat (head, channel) index in the row
     m = offs < C
     slots = tl.arange(0, BP)
@@ -82,5 +85,5 @@ def kv_commit_static(k_buf, v_buf, start, path, count, *, block: int | None = No
     bl = block or min(max(16, next_pow2(c)), max(16, 2048 // bp))
     _kv_commit_kernel[(triton.cdiv(c, bl),)](
         k_buf, v_buf, start.reshape(1), path.contiguous(), count.reshape(1), c, path.shape[0],
-        k_buf.stride(0), v_buf.stride(0), BP=bp, BLOCK=bl, num_warps=num_warps,
+        k_buf.stride(0), v_buf.stride(0), BP=bp, BLOCK=bl, num_warps=num_warps, **pdl_options(k_buf)
     )

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_enter, pdl_options
 from .._triton_common import next_pow2
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -40,7 +41,8 @@ def _norm_weight(nx, w, like, ZERO_CENTERED: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+def _rms_norm_kernel(X, W, Y, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     x_raw, nx, m = _normed_row(X, pid, n1, sx0, sx1, D, eps, BLOCK)
@@ -49,7 +51,8 @@ def _rms_norm_kernel(X, W, Y, n1, sx0, sx1, D, eps, BLOCK: tl.constexpr, ZERO_CE
 
 
 @triton.jit
-def _add_rms_norm_kernel(X, Dl, H, W, Y, D, eps, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+def _add_rms_norm_kernel(X, Dl, H, W, Y, D, eps, BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     # the residual add (rounded to x's dtype, as torch adds half tensors), stored, then its norm
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
@@ -65,7 +68,8 @@ def _add_rms_norm_kernel(X, Dl, H, W, Y, D, eps, BLOCK: tl.constexpr, ZERO_CENTE
 
 @triton.jit
 def _gated_rms_norm_kernel(X, Z, W, Y, n1, sx0, sx1, sz0, sz1, D, eps, BLOCK: tl.constexpr, ROUND_WX: tl.constexpr,
-                           CAST_X: tl.constexpr):
+                           CAST_X: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < D
@@ -98,8 +102,9 @@ def _gdn_gates_kernel(
     QN, KN, Beta, G,
     H, DK, HV,
     sq_t, sq_h, sk_t, sk_h, sb_t, sa_t,
-    BH: tl.constexpr, BK: tl.constexpr, BHV: tl.constexpr,
+    BH: tl.constexpr, BK: tl.constexpr, BHV: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     t = tl.program_id(0)
     qn, m = _l2norm_heads(Q, t, sq_t, sq_h, H, DK, BH, BK)
     kn, _ = _l2norm_heads(K, t, sk_t, sk_h, H, DK, BH, BK)
@@ -133,7 +138,8 @@ def gdn_gate_values(B, A, ALog, DtBias, rv, mv):
 
 
 @triton.jit
-def _rotary_kernel(X, Cos, Sin, Y, H, sx_t, sx_h, sc_t, D, R, BLOCK: tl.constexpr):
+def _rotary_kernel(X, Cos, Sin, Y, H, sx_t, sx_h, sc_t, D, R, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     pid = tl.program_id(0)
     t = pid // H
     h = pid % H
@@ -183,7 +189,8 @@ def _normed_rotated_row(X, W, Cos, Sin, Y, t, sc_t, D, R, eps, live, BLOCK: tl.c
 
 @triton.jit
 def _qk_norm_rotary_kernel(Q, K, WQ, WK, Cos, Sin, QO, KO, HQ, HK, sq_t, sq_h, sk_t, sk_h, sc_t, D, R, eps,
-                           BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+                           BLOCK: tl.constexpr, ZERO_CENTERED: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     # program (token, head): q head h, and k head h when h < HK (GQA: fewer key heads)
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -196,7 +203,8 @@ def _qk_norm_rotary_kernel(Q, K, WQ, WK, Cos, Sin, QO, KO, HQ, HK, sq_t, sq_h, s
 
 
 @triton.jit
-def _silu_mul_kernel(G, U, Y, N, I, sg, su, BLOCK: tl.constexpr):
+def _silu_mul_kernel(G, U, Y, N, I, sg, su, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
@@ -210,7 +218,8 @@ def _silu_mul_kernel(G, U, Y, N, I, sg, su, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sigmoid_mul_kernel(G, X, Y, N, HD, D, sg_t, sg_h, sx_t, BLOCK: tl.constexpr):
+def _sigmoid_mul_kernel(G, X, Y, N, HD, D, sg_t, sg_h, sx_t, BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
+    pdl_enter(USE_GDC)
     # y = x * sigmoid(gate) over [T, H, D] (gate rows and heads strided: the attention gate is a
     # chunk of the q projection), sigmoid rounded to gate's dtype first, as torch does
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -251,7 +260,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
     if y.numel():
         block = max(16, next_pow2(d))
         _rms_norm_kernel[(n0 * n1,)](xs, weight, y, n1, s0, s1, d, float(eps), BLOCK=block, ZERO_CENTERED=bool(zero_centered),
-                                     num_warps=_warps(block))
+                                     num_warps=_warps(block), **pdl_options(xs))
     return y
 
 
@@ -267,7 +276,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     if y.numel():
         block = max(16, next_pow2(d))
         _add_rms_norm_kernel[(x.shape[0],)](x, delta, h, weight, y, d, float(eps), BLOCK=block,
-                                            ZERO_CENTERED=bool(zero_centered), num_warps=_warps(block))
+                                            ZERO_CENTERED=bool(zero_centered), num_warps=_warps(block), **pdl_options(x))
     return h, y
 
 
@@ -285,7 +294,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
         block = max(16, next_pow2(d))
         round_wx = torch.promote_types(weight.dtype, dtype) in _HALF
         _gated_rms_norm_kernel[(n0 * n1,)](xs, zs, weight, y, n1, s0, s1, z0, z1, d, float(eps), BLOCK=block,
-                                           ROUND_WX=round_wx, CAST_X=dtype != x.dtype, num_warps=_warps(block))
+                                           ROUND_WX=round_wx, CAST_X=dtype != x.dtype, num_warps=_warps(block), **pdl_options(xs))
     return y
 
 
@@ -309,7 +318,7 @@ def gdn_gates(q, k, b, a, A_log, dt_bias):
         bh, bk, bhv = max(2, next_pow2(h)), max(16, next_pow2(dk)), max(2, next_pow2(hv))
         _gdn_gates_kernel[(t,)](q, k, b, a, A_log, dt_bias, qn, kn, beta, g, h, dk, hv,
                                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), b.stride(0), a.stride(0),
-                                BH=bh, BK=bk, BHV=bhv, num_warps=_warps(bh * bk))
+                                BH=bh, BK=bk, BHV=bhv, num_warps=_warps(bh * bk), **pdl_options(q))
     return qn, kn, beta, g
 
 
@@ -325,7 +334,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     if y.numel():
         block = max(16, next_pow2(d))
         _rotary_kernel[(t * h,)](x, cos, sin, y, h, x.stride(0), x.stride(1), cos.stride(0), d, r, BLOCK=block,
-                                 num_warps=_warps(block))
+                                 num_warps=_warps(block), **pdl_options(x))
     return y
 
 
@@ -348,7 +357,7 @@ def qk_norm_rotary(q, k, wq, wk, eps: float, zero_centered: bool, cos, sin):
         block = max(16, next_pow2(d))
         _qk_norm_rotary_kernel[(t, hq)](q, k, wq, wk, cos, sin, qo, ko, hq, hk, q.stride(0), q.stride(1),
                                         k.stride(0), k.stride(1), cos.stride(0), d, r, float(eps), BLOCK=block,
-                                        ZERO_CENTERED=bool(zero_centered), num_warps=_warps(block))
+                                        ZERO_CENTERED=bool(zero_centered), num_warps=_warps(block), **pdl_options(q))
     return qo, ko
 
 
@@ -363,7 +372,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = t * i
     if n:
         block = 1024
-        _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, y, n, i, gate.stride(0), up.stride(0), BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, y, n, i, gate.stride(0), up.stride(0), BLOCK=block, num_warps=4, **pdl_options(gate))
     return y
 
 
@@ -380,5 +389,5 @@ def sigmoid_mul(gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if n:
         block = 1024
         _sigmoid_mul_kernel[(triton.cdiv(n, block),)](gate, x, y, n, h * d, d, gate.stride(0), gate.stride(1), x.stride(0),
-                                                      BLOCK=block, num_warps=4)
+                                                      BLOCK=block, num_warps=4, **pdl_options(gate))
     return y

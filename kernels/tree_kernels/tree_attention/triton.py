@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_enter, pdl_options
 from .._triton_common import as_last_contiguous, dot_precision, mask_as_uint8, launch_with_fallback, next_pow2, scratch, sm_count
 
 __all__ = ["tree_attention", "default_config", "plan"]
@@ -38,8 +39,9 @@ def _tree_attn_kernel(
     GROUP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, BITMASK: tl.constexpr, PREC: tl.constexpr,
-    DOT_F32: tl.constexpr, DEVICE_PREFIX: tl.constexpr, TICKET_MERGE: tl.constexpr,
+    DOT_F32: tl.constexpr, DEVICE_PREFIX: tl.constexpr, TICKET_MERGE: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     if DEVICE_PREFIX:
         # the fast path: the prefix length lives on the device and K/V are the whole cache
         # buffers; splits are planned over the buffer and those past P + T find nothing to do
@@ -148,11 +150,12 @@ def _tree_attn_kernel(
 @triton.jit
 def _attn_merge_kernel(
     PartO, PartL, O, HQ, HKV, n_splits, mpad, so_t, so_h,
-    GROUP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NS: tl.constexpr, BDC: tl.constexpr,
+    GROUP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NS: tl.constexpr, BDC: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
     """The split partials of one (node, head) row and a chunk of its channels, merged: every
     split's lse and partial are loaded at once ([NS] and [NS, BDC] tiles), not one split after
     another as the ticket merge does, whose serial chain of loads sets the AR step's latency."""
+    pdl_enter(USE_GDC)
     r = tl.program_id(0)
     node = r // HQ
     head = r % HQ
@@ -276,14 +279,14 @@ def tree_attention(q, k, v, anc, prefix_len, scale=None, positions=None, window=
             GROUP=hq // hkv, D=d, BD=bd, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
             SPLIT=split, HAS_WINDOW=window is not None, BITMASK=bitmask is not None, PREC=dot_precision(q.dtype),
             DOT_F32=_INTERPRETED and q.dtype == torch.bfloat16, DEVICE_PREFIX=device_prefix, TICKET_MERGE=ticket,
-            num_warps=c["num_warps"], num_stages=c["num_stages"],
+            num_warps=c["num_warps"], num_stages=c["num_stages"], **pdl_options(q)
         )
         if split and not ticket:
             ns = next_pow2(n_splits)
             bdc = max(16, min(bd, 4096 // ns))  # an [NS, BDC] tile of partials per program
             _attn_merge_kernel[(t * hq, triton.cdiv(d, bdc))](
                 part_o, part_l, o, hq, hkv, n_splits, mpad, o.stride(0), o.stride(1),
-                GROUP=hq // hkv, D=d, BD=bd, NS=ns, BDC=bdc, num_warps=4,
+                GROUP=hq // hkv, D=d, BD=bd, NS=ns, BDC=bdc, num_warps=4, **pdl_options(part_o)
             )
 
     fallback = [dict(cfg, num_stages=1), dict(cfg, BLOCK_N=32, num_stages=1), dict(cfg, BLOCK_M=32, BLOCK_N=32, num_stages=1)]

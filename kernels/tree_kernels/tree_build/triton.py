@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_enter, pdl_options
 from .._triton_common import next_pow2
 
 __all__ = ["tree_build"]
@@ -25,8 +26,9 @@ __all__ = ["tree_build"]
 def _tree_build_kernel(
     Tok, LogQ, Root, OutTok, OutPar, OutDep, OutScore, OutRank, OutValid,
     L, K, s_tok, s_lq,
-    BUDGET: tl.constexpr, F: tl.constexpr,
+    BUDGET: tl.constexpr, F: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     NEG: tl.constexpr = float("-inf")
     slot = tl.arange(0, F)
     first = tl.load(LogQ, mask=(L > 0) & (K > 0), other=NEG).to(tl.float32)
@@ -110,6 +112,6 @@ def tree_build(draft_tokens: torch.Tensor, draft_logprobs: torch.Tensor, budget:
     _tree_build_kernel[(1,)](
         toks, lq, root, tokens, parents, depths, scores, ranks, valid.view(torch.int8),
         depth, k, toks.stride(0), lq.stride(0),
-        BUDGET=budget, F=f, num_warps=1 if f <= 256 else 2,
+        BUDGET=budget, F=f, num_warps=1 if f <= 256 else 2, **pdl_options(toks)
     )
     return tokens, parents, depths, scores, ranks, valid

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_enter, pdl_options
 from .._triton_common import as_last_contiguous, next_pow2, path_operand
 from ..norms.triton import gdn_gate_values
 
@@ -44,8 +45,9 @@ def _tree_conv_kernel(
     T, C,
     sx_t, scs_c, scs_w, sw_c, sw_w, si_t, sy_t, sxo_t,
     W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-    SAVE_X: tl.constexpr,
+    SAVE_X: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     rm = rows < T
@@ -64,8 +66,9 @@ def _tree_conv_kernel(
 @triton.jit(do_not_specialize=["plen"])
 def _conv_commit_kernel(
     X, CS, Path, Out, Count, C, plen, sx_t, scs_c, scs_w, sl_x, sl_cs, sl_out,
-    KEEP: tl.constexpr, BC: tl.constexpr, IS_RANGE: tl.constexpr, DEVICE_COUNT: tl.constexpr,
+    KEEP: tl.constexpr, BC: tl.constexpr, IS_RANGE: tl.constexpr, DEVICE_COUNT: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     if DEVICE_COUNT:  # a padded path whose valid length lives on the device (fast path)
         plen = tl.load(Count).to(tl.int32)
     layer = tl.program_id(1).to(tl.int64)  # stacked layers (tree_conv_commit_layers): one launch
@@ -90,8 +93,9 @@ def _conv_commit_kernel(
 @triton.jit
 def _conv_decode_kernel(
     X, CS, Wt, Bias, Y, Out, C, scs_c, scs_w, sw_c, sw_w, so_c, so_w,
-    W: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    W: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     # one token: taps 0..W-2 read the state's columns (oldest first), tap W-1 the token; then the
     # window moves by one. Out may be CS: every column is loaded before the barrier, stored after.
     cols = tl.program_id(0) * BC + tl.arange(0, BC)
@@ -133,8 +137,9 @@ def _tree_conv_gdn_kernel(
     X, CS, Wt, Idx, QN, KN, V, XOut, B, A, ALog, DtBias, Beta, G,
     T, C, KD, HV, NCB,
     sx_t, scs_c, scs_w, sw_c, sw_w, si_t, sxo_t, sb_t, sa_t,
-    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DK: tl.constexpr, BHV: tl.constexpr, SAVE_X: tl.constexpr,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DK: tl.constexpr, BHV: tl.constexpr, SAVE_X: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     # program (node block, channel block): the tree conv + SiLU of _tree_conv_kernel, rounded to x's
     # dtype as there; a block of q or k channels (whole heads: BC divides KD, DK divides BC) is then
     # l2-normalised per head in fp32 as gdn_gates does, a block of v stored as it is. The extra
@@ -226,7 +231,7 @@ def tree_conv1d_gdn_gates(x, conv_state, weight, index, b, a, A_log, dt_bias, ke
             x.stride(0), conv_state.stride(0), conv_state.stride(1), weight.stride(0), weight.stride(1), index.stride(0),
             x_out.stride(0) if x_out is not None else 0, b.stride(0), a.stride(0),
             W=width, BT=bt, BC=bc, DK=dk, BHV=max(2, next_pow2(hv)), SAVE_X=x_out is not None,
-            num_warps=num_warps or GDN_GATES_WARPS,
+            num_warps=num_warps or GDN_GATES_WARPS, **pdl_options(x)
         )
     return q, k, v, beta, g
 
@@ -264,7 +269,7 @@ def tree_conv1d(x, conv_state, weight, bias, index, activation="silu", *, block_
         t, c,
         x.stride(0), conv_state.stride(0), conv_state.stride(1), weight.stride(0), weight.stride(1), index.stride(0), y.stride(0),
         x_out.stride(0) if x_out is not None else 0,
-        W=width, BT=bt, BC=bc, HAS_BIAS=bias is not None, SILU=silu, SAVE_X=x_out is not None, num_warps=num_warps,
+        W=width, BT=bt, BC=bc, HAS_BIAS=bias is not None, SILU=silu, SAVE_X=x_out is not None, num_warps=num_warps, **pdl_options(x)
     )
     return y
 
@@ -289,7 +294,7 @@ def tree_conv_commit(x, conv_state, path, *, count: torch.Tensor | None = None, 
     _conv_commit_kernel[(triton.cdiv(c, block_c),)](
         x, conv_state, idx if idx is not None else x, out, count.reshape(1) if count is not None else out,
         c, plen, x.stride(0), conv_state.stride(0), conv_state.stride(1), 0, 0, 0,
-        KEEP=keep, BC=block_c, IS_RANGE=is_range, DEVICE_COUNT=count is not None, num_warps=num_warps,
+        KEEP=keep, BC=block_c, IS_RANGE=is_range, DEVICE_COUNT=count is not None, num_warps=num_warps, **pdl_options(x)
     )
     return out
 
@@ -312,7 +317,7 @@ def tree_conv_commit_layers(x, conv_states, path, count, *, block_c: int = 1024,
         x, conv_states, idx, conv_states, count.reshape(1),
         c, plen, x.stride(1), conv_states.stride(1), conv_states.stride(2), x.stride(0), conv_states.stride(0),
         conv_states.stride(0),
-        KEEP=keep, BC=block_c, IS_RANGE=False, DEVICE_COUNT=True, num_warps=num_warps,
+        KEEP=keep, BC=block_c, IS_RANGE=False, DEVICE_COUNT=True, num_warps=num_warps, **pdl_options(x)
     )
     return conv_states
 
@@ -338,6 +343,6 @@ def conv1d_decode_step(x, conv_state, weight, bias=None, activation="silu", *, o
     _conv_decode_kernel[(triton.cdiv(c, block_c),)](
         x, conv_state, weight, bias if bias is not None else weight, y, out, c,
         conv_state.stride(0), conv_state.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
-        W=width, BC=block_c, HAS_BIAS=bias is not None, SILU=silu, num_warps=num_warps,
+        W=width, BC=block_c, HAS_BIAS=bias is not None, SILU=silu, num_warps=num_warps, **pdl_options(x)
     )
     return y, out

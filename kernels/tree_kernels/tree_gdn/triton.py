@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_enter, pdl_options
 from ..norms.triton import gdn_gate_values
 from .._triton_common import as_last_contiguous, dot_precision, mask_as_uint8, launch_with_fallback, next_pow2, path_operand
 from .naive import TreeGDNStash, check_stash_out
@@ -168,7 +169,7 @@ def _gdn_prepare_kernel(
     T, R, HV, nb, scale,
     sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, PEEL: tl.constexpr,
-    OFF: tl.constexpr, DOUBLING: tl.constexpr, LOG2BS: tl.constexpr, TP: tl.constexpr, BKC: tl.constexpr,
+    OFF: tl.constexpr, DOUBLING: tl.constexpr, LOG2BS: tl.constexpr, TP: tl.constexpr, BKC: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
     """Everything of the solve that depends only on k, g and beta, off the serial u recursion:
     program (b, c, value head). c == b: the block's path-summed gates, the inverse of its
@@ -176,6 +177,7 @@ def _gdn_prepare_kernel(
     a warp) and, with OFF, M_bb; c < b (OFF only): the off-diagonal pair L_bc, M_bc, each pair its
     own program so the longest program is one pair, not a row of them. With a peeled root the
     blocks start at node 1, as in the solve."""
+    pdl_enter(USE_GDC)
     b = tl.program_id(0)
     j = tl.program_id(2)
     c = b
@@ -230,8 +232,9 @@ def _gdn_fork_kernel(
     T, R, HV, scale, nbp,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr, TP: tl.constexpr,
+    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr, TP: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     j = tl.program_id(0)  # value head
     iv = tl.program_id(1)  # block of value columns
     hk = j // R  # the key head this value head reads
@@ -358,12 +361,13 @@ def _gdn_dense_prepare_kernel(
     T, R, HV, scale,
     sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr, BN: tl.constexpr, LOG2BN: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
     """Program j (value head): everything of the solve that depends only on k, g and beta, for the
     whole tree as one block of at most BN nodes after the peeled root. L and M from K K^T and
     Q K^T summed over dk in BKC-wide chunks (no [BN, dk] tile is ever held), (I + L)^-1 by
     recursive doubling, P = M (I + L)^-1; so the apply launch is dots with no chain at all."""
+    pdl_enter(USE_GDC)
     j = tl.program_id(0)
     hk = j // R
     ar = tl.arange(0, BN)
@@ -414,13 +418,14 @@ def _gdn_dense_apply_kernel(
     T, R, HV, scale,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
-    BN: tl.constexpr, PREC: tl.constexpr,
+    BN: tl.constexpr, PREC: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
     """Program (value head, block of BV value columns): the root's decode step, then every other
     node at once: rhs = beta (v - exp(G) K S1), u = (I + L)^-1 rhs, o = exp(G) Q S1 + P rhs, with S1
     the state after the root (S0 when nothing is peeled). The state is read in [BKC, BV] chunks,
     twice (the root's u needs all of dk before S1 exists). A tree that does not fit (T - peeled >
     BN) gets NaN outputs, loudly."""
+    pdl_enter(USE_GDC)
     j = tl.program_id(0)
     iv = tl.program_id(1)
     hk = j // R
@@ -484,8 +489,9 @@ def _gdn_commit_kernel(
     S0, SK, SU, SG, Path, Out, Count,
     plen, HV, sl_s, sl_k, sl_u, sl_g,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BP: tl.constexpr,
-    IS_RANGE: tl.constexpr, PREC: tl.constexpr, DEVICE_COUNT: tl.constexpr,
+    IS_RANGE: tl.constexpr, PREC: tl.constexpr, DEVICE_COUNT: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     if DEVICE_COUNT:  # a padded path whose valid length lives on the device (fast path)
         plen = tl.load(Count).to(tl.int32)
     # axis 0 is (layer, value head): stacked layers (tree_gdn_commit_layers) commit in one launch,
@@ -527,8 +533,9 @@ def _gdn_decode_kernel(
     Q, K, V, G, B, S, O, SOut, ALog, DtBias,
     r, HV, scale,
     sq_h, sk_h, sv_h,
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATED: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATED: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
+    pdl_enter(USE_GDC)
     j = tl.program_id(0)  # value head
     kh = j // r  # the key head it reads
     offk = tl.arange(0, BK)
@@ -744,13 +751,13 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
                 beta.stride(0), beta.stride(1), a8.stride(0),
                 DK=dk, BK=bk, BKC=bkc, BN=bn, LOG2BN=bn.bit_length() - 1, PREC=prec,
-                num_warps=c.get("prep_warps", 4),
+                num_warps=c.get("prep_warps", 4), **pdl_options(q)
             )
             _gdn_dense_apply_kernel[(hv, triton.cdiv(dv, bv))](
                 q, k, v, beta, state, a8, sg, inv, pm, o, su, t, hv // h, hv, scale,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                 beta.stride(0), beta.stride(1), a8.stride(0),
-                DK=dk, DV=dv, BK=bk, BKC=bkc, BV=bv, BN=bn, PREC=prec, num_warps=c["num_warps"],
+                DK=dk, DV=dv, BK=bk, BKC=bkc, BV=bv, BN=bn, PREC=prec, num_warps=c["num_warps"], **pdl_options(q)
             )
             return
         bs = c.get("BS", 16)
@@ -770,7 +777,7 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
                 beta.stride(0), beta.stride(1), a8.stride(0),
                 DK=dk, BK=bk, BS=bs, PREC=prec, PEEL=peel, OFF=off, DOUBLING=bool(c.get("PREP_DOUBLING", False)),
-                LOG2BS=bs.bit_length() - 1, TP=tp, BKC=min(bk, c.get("PREP_BKC", bk)), num_warps=c.get("prep_warps", 1),
+                LOG2BS=bs.bit_length() - 1, TP=tp, BKC=min(bk, c.get("PREP_BKC", bk)), num_warps=c.get("prep_warps", 1), **pdl_options(q)
             )
         _gdn_fork_kernel[(hv, triton.cdiv(dv, bv))](
             q, k, v, g, beta, state, a8, inv, off_l, off_m, o, sk, su, sg,
@@ -778,7 +785,7 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
             DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre, PEEL=peel, OFF=off, TP=tp,
-            num_warps=c["num_warps"],
+            num_warps=c["num_warps"], **pdl_options(q)
         )
 
     fallback = [dict(cfg, **f) for f in _FALLBACK]  # smaller blocks, the same variant
@@ -813,7 +820,7 @@ def tree_gdn_commit(stash: TreeGDNStash, state, path, *, count: torch.Tensor | N
         count.reshape(1) if count is not None else out,
         plen, hv, 0, 0, 0, 0,
         DK=dk, DV=dv, BK=bk, BV=bv, BP=16 if plen <= 16 else 32, IS_RANGE=is_range,
-        PREC=dot_precision(torch.float32), DEVICE_COUNT=count is not None, num_warps=num_warps,
+        PREC=dot_precision(torch.float32), DEVICE_COUNT=count is not None, num_warps=num_warps, **pdl_options(state)
     )
     return out
 
@@ -841,7 +848,7 @@ def tree_gdn_commit_layers(stash: TreeGDNStash, states, path, count, *, block_k:
         states, stash.k, stash.u, stash.G, idx, states, count.reshape(1),
         plen, hv, hv * dk * dv, t * hv * dk, t * hv * dv, t * hv,
         DK=dk, DV=dv, BK=bk, BV=bv, BP=16 if plen <= 16 else 32, IS_RANGE=False,
-        PREC=dot_precision(torch.float32), DEVICE_COUNT=True, num_warps=num_warps,
+        PREC=dot_precision(torch.float32), DEVICE_COUNT=True, num_warps=num_warps, **pdl_options(states)
     )
     return states
 
@@ -891,6 +898,6 @@ def _launch_decode(name, q, k, v, g_in, beta_in, A_log, dt_bias, state, scale, o
     _gdn_decode_kernel[(hv, triton.cdiv(dv, bv))](
         q, k, v, g_in, beta_in, src, o, out, A_log if gated else g_in, dt_bias if gated else g_in,
         hv // h, hv, scale, q.stride(1), k.stride(1), v.stride(1),
-        DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=bv, GATED=gated, num_warps=num_warps,
+        DK=dk, DV=dv, BK=max(16, next_pow2(dk)), BV=bv, GATED=gated, num_warps=num_warps, **pdl_options(q)
     )
     return o, out

@@ -1,0 +1,175 @@
+"""Programmatic dependent launch (tree_kernels._pdl): the switch, every launch site, the peeled
+first weight tile, and where the wait sits in the compiled kernels.
+
+Under TRITON_INTERPRET=1 the switch runs the same kernel code as on the GPU (the peeled tile
+included) with the grid-dependency instructions left out, so CPU runs with it on must give
+bitwise what they give with it off. Where the wait sits (nothing but weight reads before it) is
+checked on an ahead-of-time sm_90 compile, which needs no GPU.
+"""
+
+import ast
+import os
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import tree_kernels as tk  # noqa: E402
+
+pdl = pytest.importorskip("tree_kernels._pdl")
+from tree_kernels.gemv import triton as gemv_triton  # noqa: E402
+from workbench.engine import GenerationConfig  # noqa: E402
+from workbench.fastpath import FastEngine  # noqa: E402
+from workbench.random_models import random_dflash, random_target  # noqa: E402
+from workbench.drafters.dflash import DFlashDrafter  # noqa: E402
+
+KERNELS = Path(tk.__file__).parent
+# the L2 warm-up runs on a side stream beside the tree kernels: no programmatic edge to order
+NOT_PDL = {"l2_prefetch"}
+
+
+def _kernel_sources():
+    for path in sorted(KERNELS.glob("*/triton.py")):
+        if path.parent.name not in NOT_PDL:
+            yield path, ast.parse(path.read_text())
+
+
+def test_every_kernel_waits_first_and_every_launch_asks_for_pdl():
+    """Each @triton.jit kernel takes USE_GDC and calls pdl_enter(USE_GDC) as its first statement
+    (after a docstring), or, for the weight-streaming GEMV, right after reading its first weight
+    tile; every launch of one of them passes **pdl_options(...). A kernel or launch added without
+    them fails here."""
+    kernels, launches = {}, []
+    for path, tree in _kernel_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
+                    "jit" in ast.unparse(d) for d in node.decorator_list):
+                kernels[node.name] = (path, node)
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id.endswith("_kernel")):
+                launches.append((path, node))
+    assert len(kernels) >= 25 and len(launches) >= len(kernels)
+    for name, (path, fn) in kernels.items():
+        args = [a.arg for a in fn.args.args]
+        assert args[-1] == "USE_GDC", (path.name, name)
+        body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        first = ast.unparse(body[0])
+        if name == "_gemv_kernel":  # the peel: only address arithmetic and the weight load before the wait
+            peel = next(s for s in body if isinstance(s, ast.If) and ast.unparse(s.test) == "USE_GDC")
+            before = ast.unparse(peel.body[:peel.body.index(next(s for s in peel.body if "pdl_enter" in ast.unparse(s)))])
+            assert "tl.load(w_rows" in before and "X" not in before.replace("w_rows", ""), before
+            assert all("tl.load" not in ast.unparse(s) and "tl.store" not in ast.unparse(s) for s in body[:body.index(peel)])
+        else:
+            assert first == "pdl_enter(USE_GDC)", (path.name, name, first)
+    for path, call in launches:
+        assert call.func.value.id in kernels, (path.name, call.func.value.id)
+        assert any(k.arg is None and ast.unparse(k.value).startswith("pdl_options(") for k in call.keywords), (
+            path.name, call.lineno, call.func.value.id)
+
+
+def test_pdl_options_follow_the_switch():
+    x = torch.zeros(1)
+    with tk.use_pdl(False):
+        assert pdl.pdl_options(x) == {}
+    with tk.use_pdl(True):
+        assert pdl.pdl_options(x) == ({"USE_GDC": True} if pdl.INTERPRETED else {})  # a CPU tensor: no launch attribute
+    assert not pdl.pdl_capable(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("n, k, config", [(37, 300, {}), (64, 1000, {"SPLIT_K": 3, "BLOCK_K": 128}),
+                                          (5, 77, {"BLOCK_N": 4, "BLOCK_K": 32, "SPLIT_K": 2}), (8, 16, {"BLOCK_K": 32})])
+def test_the_gemv_with_its_first_tile_peeled_gives_the_same_bits(n, k, config):
+    """With PDL the GEMV reads its first weight tile before the wait and runs the loop from the
+    second: the same products summed in the same order, so the same bits (bf16 and fp32; one
+    tile only, and split-K slices, included)."""
+    g = torch.Generator().manual_seed(n + k)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, b = torch.randn(1, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype), torch.randn(n, generator=g).to(dtype)
+        with tk.use_pdl(False):
+            off = gemv_triton.gemv(x, w, b, config)
+        with tk.use_pdl(True):
+            on = gemv_triton.gemv(x, w, b, config)
+        assert torch.equal(on, off), (dtype, (on - off).abs().max())
+
+
+def test_a_generation_with_pdl_is_the_generation_without():
+    """Every kernel of the fast path (tree build, norms, attention, GDN, conv, commits, the draft
+    pass) launched through pdl_options: the same tokens, accepted paths and draft log-probs as
+    with the switch off."""
+    target = random_target("hybrid", seed=3, vocab_size=300, eos_token_id=None)
+    drafter = DFlashDrafter(random_dflash(target, seed=1, block_size=5, num_layers=1), target)
+    prompt = list(range(20, 34))
+    runs = {}
+    for on in (False, True):
+        for method in ("ddtree", "ar"):
+            cfg = GenerationConfig(method=method, budget=9, max_new_tokens=10, trace_topk=0, draft_trace_k=4)
+            with torch.no_grad(), tk.use_backend("triton"), tk.use_pdl(on):
+                runs[on, method] = FastEngine(target, drafter, cfg, max_len=64, use_graphs=False).generate(prompt)
+    for method in ("ddtree", "ar"):
+        a, b = runs[False, method], runs[True, method]
+        assert a.generated_ids == b.generated_ids and len(a.generated_ids) == 10
+        assert [r.accepted for r in a.rounds] == [r.accepted for r in b.rounds]
+        assert [r.draft_logprobs for r in a.rounds] == [r.draft_logprobs for r in b.rounds]
+
+
+PTX_PROBE = r"""
+import json, os, re
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tree_kernels.gemv import triton as gm
+from tree_kernels.norms import triton as nm
+
+def ptx(fn, sig, constexprs):
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4})
+    return [l.strip() for l in k.asm["ptx"].splitlines()]
+
+def where(lines):
+    wait = next((i for i, l in enumerate(lines) if l.startswith("griddepcontrol.wait")), None)
+    before = lines[:wait] if wait is not None else []
+    return {"wait": wait is not None, "launch": any(l.startswith("griddepcontrol.launch_dependents") for l in lines),
+            "loads_before": sum("ld.global" in l for l in before), "stores_before": sum("st.global" in l for l in before)}
+
+gemv_sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "N": "i32", "K": "i32", "k_per_split": "i32",
+            "stride_w": "i32", "HAS_BIAS": "constexpr", "PARTIAL": "constexpr", "BLOCK_N": "constexpr",
+            "BLOCK_K": "constexpr", "USE_GDC": "constexpr"}
+norm_sig = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "n1": "i32", "sx0": "i32", "sx1": "i32", "D": "i32", "eps": "fp32",
+            "BLOCK": "constexpr", "ZERO_CENTERED": "constexpr", "USE_GDC": "constexpr"}
+out = {}
+for use in (False, True):
+    out[f"gemv/{use}"] = where(ptx(gm._gemv_kernel, gemv_sig, {"HAS_BIAS": True, "PARTIAL": False, "BLOCK_N": 8,
+                                                                "BLOCK_K": 512, "USE_GDC": use}))
+    out[f"norm/{use}"] = where(ptx(nm._rms_norm_kernel, norm_sig, {"BLOCK": 1024, "ZERO_CENTERED": True, "USE_GDC": use}))
+print(json.dumps(out))
+"""
+
+
+def test_the_compiled_kernels_wait_before_touching_what_earlier_kernels_write():
+    """sm_90 AOT compile (a subprocess without TRITON_INTERPRET): with USE_GDC the RMSNorm emits
+    griddepcontrol.wait before any global load or store, and launch_dependents; the GEMV reads
+    (only) its first weight tile before the wait and stores nothing there; without USE_GDC neither
+    instruction is emitted."""
+    import json
+    import subprocess
+    import sys
+
+    from workbench.bench import regs
+
+    if not regs.cuobjdump_path().parent.is_dir():
+        pytest.skip("no Triton NVIDIA backend here")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "kernels"), env.get("PYTHONPATH", "")])
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    r = subprocess.run([sys.executable, "-c", PTX_PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for name in ("gemv", "norm"):
+        assert not got[f"{name}/False"]["wait"] and not got[f"{name}/False"]["launch"]
+        assert got[f"{name}/True"]["wait"] and got[f"{name}/True"]["launch"]
+        assert got[f"{name}/True"]["stores_before"] == 0
+    assert got["norm/True"]["loads_before"] == 0
+    assert got["gemv/True"]["loads_before"] >= 1  # the weight tile, in flight while the kernel before finishes
