@@ -28,6 +28,9 @@ from workbench.drafters.dflash import DFlashDrafter  # noqa: E402
 KERNELS = Path(tk.__file__).parent
 # the L2 warm-up runs on a side stream beside the tree kernels: no programmatic edge to order
 NOT_PDL = {"l2_prefetch"}
+# the kernels that read their first weight tile before the wait, and how that load reads
+WEIGHT_STREAMING = {"_gemv_kernel": "tl.load(w_rows", "_few_rows_swap_kernel": "tl.load(w_rows",
+                    "_few_rows_swap_tma_kernel": "w_desc.load("}
 
 
 def _kernel_sources():
@@ -56,11 +59,12 @@ def test_every_kernel_waits_first_and_every_launch_asks_for_pdl():
         assert args[-1] == "USE_GDC", (path.name, name)
         body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
         first = ast.unparse(body[0])
-        if name == "_gemv_kernel":  # the peel: only address arithmetic and the weight load before the wait
+        if name in WEIGHT_STREAMING:  # the peel: only address arithmetic and the weight tile's load before the wait
             peel = next(s for s in body if isinstance(s, ast.If) and ast.unparse(s.test) == "USE_GDC")
-            before = ast.unparse(peel.body[:peel.body.index(next(s for s in peel.body if "pdl_enter" in ast.unparse(s)))])
-            assert "tl.load(w_rows" in before and "X" not in before.replace("w_rows", ""), before
-            assert all("tl.load" not in ast.unparse(s) and "tl.store" not in ast.unparse(s) for s in body[:body.index(peel)])
+            wait = next(i for i, s in enumerate(peel.body) if "pdl_enter" in ast.unparse(s))
+            before = ast.unparse(peel.body[:wait])
+            assert before.count(".load(") == 1 and WEIGHT_STREAMING[name] in before, (name, before)
+            assert all(".load(" not in ast.unparse(s) and "tl.store" not in ast.unparse(s) for s in body[:body.index(peel)])
         else:
             assert first == "pdl_enter(USE_GDC)", (path.name, name, first)
     for path, call in launches:
@@ -92,6 +96,24 @@ def test_the_gemv_with_its_first_tile_peeled_gives_the_same_bits(n, k, config):
         with tk.use_pdl(True):
             on = gemv_triton.gemv(x, w, b, config)
         assert torch.equal(on, off), (dtype, (on - off).abs().max())
+
+
+@pytest.mark.parametrize("m, n, k, config", [
+    (65, 100, 256, {"LAYOUT": "swap", "BLOCK_N": 32, "BLOCK_K": 64}),  # main 64 + tail 16
+    (16, 64, 128, {"LAYOUT": "swap"}),  # no tail
+    (33, 70, 208, {"LAYOUT": "swap_tma", "SPLIT_K": 3, "BLOCK_K": 32}),  # TMA + split K
+    (65, 64, 128, {"LAYOUT": "swap_tma", "BLOCK_K": 32, "WARP_SPECIALIZE": True}),
+    (17, 37, 64, {"LAYOUT": "swap_tma", "BLOCK_K": 64}),  # one K tile: the peel is the whole loop
+])
+def test_the_few_rows_gemm_with_its_first_tile_peeled_gives_the_same_bits(m, n, k, config):
+    g = torch.Generator().manual_seed(m * n)
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    with tk.use_pdl(False):
+        off = gemv_triton.gemm_few_rows(x, w, b, config)
+    with tk.use_pdl(True):
+        on = gemv_triton.gemm_few_rows(x, w, b, config)
+    assert torch.equal(on, off), (on - off).abs().max()
+    torch.testing.assert_close(off, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-3)
 
 
 def test_a_generation_with_pdl_is_the_generation_without():
@@ -138,8 +160,13 @@ gemv_sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "N": "i32", 
             "BLOCK_K": "constexpr", "USE_GDC": "constexpr"}
 norm_sig = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "n1": "i32", "sx0": "i32", "sx1": "i32", "D": "i32", "eps": "fp32",
             "BLOCK": "constexpr", "ZERO_CENTERED": "constexpr", "USE_GDC": "constexpr"}
+swap_sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32",
+            "sxm": "i32", "swn": "i32", "sym": "i32", **{c: "constexpr" for c in ("HAS_BIAS", "PARTIAL", "DOT_FP32", "BLOCK_N",
+            "BLOCK_K", "M_MAIN", "M_TAIL", "USE_GDC")}}
 out = {}
 for use in (False, True):
+    out[f"swap/{use}"] = where(ptx(gm._few_rows_swap_kernel, swap_sig, {"HAS_BIAS": False, "PARTIAL": False, "DOT_FP32": False,
+                                   "BLOCK_N": 128, "BLOCK_K": 128, "M_MAIN": 64, "M_TAIL": 16, "USE_GDC": use}))
     out[f"gemv/{use}"] = where(ptx(gm._gemv_kernel, gemv_sig, {"HAS_BIAS": True, "PARTIAL": False, "BLOCK_N": 8,
                                                                 "BLOCK_K": 512, "USE_GDC": use}))
     out[f"norm/{use}"] = where(ptx(nm._rms_norm_kernel, norm_sig, {"BLOCK": 1024, "ZERO_CENTERED": True, "USE_GDC": use}))
@@ -151,7 +178,7 @@ def test_the_compiled_kernels_wait_before_touching_what_earlier_kernels_write():
     """sm_90 AOT compile (a subprocess without TRITON_INTERPRET): with USE_GDC the RMSNorm emits
     griddepcontrol.wait before any global load or store, and launch_dependents; the GEMV reads
     (only) its first weight tile before the wait and stores nothing there; without USE_GDC neither
-    instruction is emitted."""
+    instruction is emitted. The few-rows "swap" GEMM as the GEMV."""
     import json
     import subprocess
     import sys
@@ -167,9 +194,10 @@ def test_the_compiled_kernels_wait_before_touching_what_earlier_kernels_write():
     r = subprocess.run([sys.executable, "-c", PTX_PROBE], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    for name in ("gemv", "norm"):
+    for name in ("gemv", "norm", "swap"):
         assert not got[f"{name}/False"]["wait"] and not got[f"{name}/False"]["launch"]
         assert got[f"{name}/True"]["wait"] and got[f"{name}/True"]["launch"]
         assert got[f"{name}/True"]["stores_before"] == 0
     assert got["norm/True"]["loads_before"] == 0
     assert got["gemv/True"]["loads_before"] >= 1  # the weight tile, in flight while the kernel before finishes
+    assert got["swap/True"]["loads_before"] >= 1

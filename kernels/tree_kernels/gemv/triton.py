@@ -261,10 +261,24 @@ def linear_cublaslt(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 @triton.jit
+def _swap_step(w, x_rows, t_rows, c, c_ok, m_ok, t_ok, acc, acc_t, DOT_FP32: tl.constexpr, M_TAIL: tl.constexpr):
+    # one BLOCK_K step of the "swap" layout: the weight tile times x's main and tail row blocks
+    x = tl.load(x_rows + c[None, :], mask=m_ok[:, None] & c_ok[None, :], other=0.0)
+    if DOT_FP32:
+        w, x = w.to(tl.float32), x.to(tl.float32)
+    acc = tl.dot(w, tl.trans(x), acc)
+    if M_TAIL > 0:
+        xt = tl.load(t_rows + c[None, :], mask=t_ok[:, None] & c_ok[None, :], other=0.0)
+        if DOT_FP32:
+            xt = xt.to(tl.float32)
+        acc_t = tl.dot(w, tl.trans(xt), acc_t)
+    return acc, acc_t
+
+
+@triton.jit
 def _few_rows_swap_kernel(X, W, B, Y, M, N, K, k_per_split, sxm, swn, sym, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
                           DOT_FP32: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           M_MAIN: tl.constexpr, M_TAIL: tl.constexpr, USE_GDC: tl.constexpr = False):
-    pdl_enter(USE_GDC)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -282,19 +296,21 @@ def _few_rows_swap_kernel(X, W, B, Y, M, N, K, k_per_split, sxm, swn, sym, HAS_B
         t_ok = rt < M
         t_rows = X + rt.to(tl.int64)[:, None] * sxm
         acc_t = tl.zeros((BLOCK_N, M_TAIL), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    else:  # (unused: no tail block)
+        t_ok, t_rows, acc_t = m_ok, x_rows, acc
+    k_loop = k_start
+    if USE_GDC:  # the first weight tile is read while the kernel before this one finishes (_pdl.py)
+        c = k_start + rk
+        c_ok = c < k_end
+        w = tl.load(w_rows + c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+        pdl_enter(USE_GDC)
+        acc, acc_t = _swap_step(w, x_rows, t_rows, c, c_ok, m_ok, t_ok, acc, acc_t, DOT_FP32, M_TAIL)
+        k_loop = k_start + BLOCK_K
+    for k0 in range(k_loop, k_end, BLOCK_K):
         c = k0 + rk
         c_ok = c < k_end
         w = tl.load(w_rows + c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
-        x = tl.load(x_rows + c[None, :], mask=m_ok[:, None] & c_ok[None, :], other=0.0)
-        if DOT_FP32:
-            w, x = w.to(tl.float32), x.to(tl.float32)
-        acc = tl.dot(w, tl.trans(x), acc)
-        if M_TAIL > 0:
-            xt = tl.load(t_rows + c[None, :], mask=t_ok[:, None] & c_ok[None, :], other=0.0)
-            if DOT_FP32:
-                xt = xt.to(tl.float32)
-            acc_t = tl.dot(w, tl.trans(xt), acc_t)
+        acc, acc_t = _swap_step(w, x_rows, t_rows, c, c_ok, m_ok, t_ok, acc, acc_t, DOT_FP32, M_TAIL)
     # acc[n, m] is y[m, n]: stored transposed (M x N outputs are tiny next to the N x K weight)
     if PARTIAL:  # fp32 slice split of [SPLIT_K, M, N]; the bias goes in the sum
         out = Y + split * M * N
@@ -339,10 +355,24 @@ def _few_rows_kernel(X, W, B, Y, M, N, K, sxm, swn, sym, HAS_BIAS: tl.constexpr,
 
 
 @triton.jit
+def _swap_tma_step(w, x_desc, xt_desc, k0, acc, acc_t, DOT_FP32: tl.constexpr, M_MAIN: tl.constexpr, M_TAIL: tl.constexpr):
+    x = x_desc.load([0, k0])
+    if DOT_FP32:
+        w, x = w.to(tl.float32), x.to(tl.float32)
+    acc = tl.dot(w, tl.trans(x), acc)
+    if M_TAIL > 0:
+        xt = xt_desc.load([M_MAIN, k0])
+        if DOT_FP32:
+            xt = xt.to(tl.float32)
+        acc_t = tl.dot(w, tl.trans(xt), acc_t)
+    return acc, acc_t
+
+
+@triton.jit
 def _few_rows_swap_tma_kernel(x_desc, xt_desc, w_desc, B, Y, M, N, K, k_per_split, sym, HAS_BIAS: tl.constexpr,
                               PARTIAL: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              M_MAIN: tl.constexpr, M_TAIL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, USE_GDC: tl.constexpr = False):
-    pdl_enter(USE_GDC)
+                              M_MAIN: tl.constexpr, M_TAIL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                              USE_GDC: tl.constexpr = False):
     # the "swap" layout with every tile loaded by the Hopper TMA (tensor descriptors): no address
     # arithmetic or masks in the loop, the tiles past M, N or K come back as zeros
     pid_n = tl.program_id(0)
@@ -358,17 +388,17 @@ def _few_rows_swap_tma_kernel(x_desc, xt_desc, w_desc, B, Y, M, N, K, k_per_spli
         rt = M_MAIN + tl.arange(0, M_TAIL)
         t_ok = rt < M
         acc_t = tl.zeros((BLOCK_N, M_TAIL), dtype=tl.float32)
-    for k0 in tl.range(k_start, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):  # producer warps feed the MMA's
+    else:  # (unused: no tail block)
+        acc_t = acc
+    k_loop = k_start
+    if USE_GDC:  # the first weight tile is read while the kernel before this one finishes (_pdl.py)
+        w = w_desc.load([pid_n * BLOCK_N, k_start])
+        pdl_enter(USE_GDC)
+        acc, acc_t = _swap_tma_step(w, x_desc, xt_desc, k_start, acc, acc_t, DOT_FP32, M_MAIN, M_TAIL)
+        k_loop = k_start + BLOCK_K
+    for k0 in tl.range(k_loop, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):  # producer warps feed the MMA's
         w = w_desc.load([pid_n * BLOCK_N, k0])
-        x = x_desc.load([0, k0])
-        if DOT_FP32:
-            w, x = w.to(tl.float32), x.to(tl.float32)
-        acc = tl.dot(w, tl.trans(x), acc)
-        if M_TAIL > 0:
-            xt = xt_desc.load([M_MAIN, k0])
-            if DOT_FP32:
-                xt = xt.to(tl.float32)
-            acc_t = tl.dot(w, tl.trans(xt), acc_t)
+        acc, acc_t = _swap_tma_step(w, x_desc, xt_desc, k0, acc, acc_t, DOT_FP32, M_MAIN, M_TAIL)
     if PARTIAL:
         out = Y + split * M * N
         tl.store(out + rm.to(tl.int64)[None, :] * N + rn[:, None], acc, mask=n_ok[:, None] & m_ok[None, :])
