@@ -26,7 +26,7 @@ from workbench.drafters.oracle import OracleDrafter, OracleSpec  # noqa: E402
 from workbench.engine import GenerationConfig, generate  # noqa: E402
 from workbench.fastpath import FastEngine, FastPathUnsupported  # noqa: E402
 from workbench.random_models import random_dflash, random_target  # noqa: E402
-from workbench.tree import build_ddtree, build_ddtree_static, compile_chain, compile_tree, follow, static_ancestor_mask, ancestor_mask  # noqa: E402
+from workbench.tree import build_chain_static, build_ddtree, build_ddtree_static, compile_chain, compile_tree, follow, static_ancestor_mask, ancestor_mask  # noqa: E402
 from workbench.verify import walk_static  # noqa: E402
 
 
@@ -54,7 +54,12 @@ def test_static_builder_with_ties_is_still_a_tree_of_the_right_size(seed, budget
     assert torch.equal(static_ancestor_mask(st_tree.parents, 4), ancestor_mask(st_tree.parents))
 
 
-def test_static_walk_equals_follow():
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_static_walk_equals_follow(backend):
+    """The walk on the device (torch reference, and the one-launch Triton kernel interpreted)
+    against the host walk over the same tree and choices."""
+    import tree_kernels as tk
+
     g = torch.Generator().manual_seed(0)
     for seed in range(50):
         draft = random_draft(5, 6, seed, vocab=20)
@@ -66,9 +71,40 @@ def test_static_walk_equals_follow():
         for n in range(len(tree)):  # follow a random child most of the time
             if kids[n] and torch.rand(1, generator=g) < 0.8:
                 choices[n] = list(kids[n])[int(torch.randint(0, len(kids[n]), (1,), generator=g))]
-        walk = walk_static(st_tree.tokens, st_tree.parents, st_tree.depths, st_tree.valid, anc, choices, 5)
+        with tk.use_backend(backend):
+            walk = walk_static(st_tree.tokens, st_tree.parents, st_tree.depths, st_tree.valid, anc, choices, 5)
         accepted, bonus = follow(tree, choices.tolist())
         assert walk.path[: int(walk.count)].tolist() == accepted and int(walk.bonus) == bonus
+
+
+@pytest.mark.parametrize("budget, depth, k", [(0, 0, 1), (8, 4, 3), (64, 16, 8), (256, 16, 16), (40, 3, 2)])
+def test_the_walk_kernel_equals_its_reference(budget, depth, k):
+    """tree_walk in one Triton program against the torch reference on random static trees: one
+    node (the AR step), several row and column blocks (257 nodes), padding slots (a tree that runs
+    out of finite candidates: budget 40 from 3 x 2), choices that follow deep paths and ones that
+    reject at the root; path, count, bonus and last all equal."""
+    from tree_kernels.tree_walk import naive as walk_naive
+    from tree_kernels.tree_walk import triton as walk_triton
+
+    g = torch.Generator().manual_seed(budget + depth)
+    for trial in range(6):
+        if budget:
+            draft = random_draft(depth, k, trial, vocab=50)
+            st_tree = build_ddtree_static(draft.tokens, draft.logprobs, budget, torch.tensor(7))
+        else:
+            st_tree = build_chain_static(torch.zeros(0, 1, dtype=torch.int64), torch.zeros(0, 1), torch.tensor(7))
+        n = st_tree.tokens.shape[0]
+        anc = static_ancestor_mask(st_tree.parents, depth)
+        choices = torch.randint(0, 50, (n,), generator=g)
+        if trial % 2:  # follow a child of most nodes, so long paths are accepted
+            for i in range(1, n):
+                if torch.rand(1, generator=g) < 0.8:
+                    choices[int(st_tree.parents[i])] = st_tree.tokens[i]
+        args = (st_tree.tokens, st_tree.parents, st_tree.depths, st_tree.valid, anc, choices, depth)
+        want, got = walk_naive.tree_walk(*args), walk_triton.tree_walk(*args)
+        for name, w, o in zip(("path", "count", "bonus", "last"), want, got):
+            assert torch.equal(w, o), (name, trial, w, o)
+    assert int(want[1]) >= 1
 
 
 def test_static_kernels_equal_references():

@@ -383,16 +383,7 @@ class StaticWalk:
 def walk_static(tokens, parents, depths, valid, anc, choices, max_depth: int) -> StaticWalk:
     """The walk as tensor ops: a node is accepted when it and all its ancestors match the
     target's choice at their parent. Siblings carry distinct tokens, so the accepted set is a
-    path; its deepest node is the last accepted one."""
-    ok = valid & (tokens == choices[parents.clamp(min=0)])
-    ok = ok | (torch.arange(tokens.shape[0], device=tokens.device) == 0)  # the root (no host->device copy)
-    rejected_ancestors = anc.to(torch.float32) @ (~ok).to(torch.float32)
-    accepted = rejected_ancestors == 0
-    depth_or_minus = torch.where(accepted, depths, torch.full_like(depths, -1))
-    last = torch.argmax(depth_or_minus)
-    count = depth_or_minus.max() + 1
-    slots = torch.where(accepted, depths, torch.full_like(depths, max_depth + 1))
-    path = torch.zeros(max_depth + 2, dtype=torch.int64, device=tokens.device)
-    path.scatter_(0, slots, torch.arange(tokens.shape[0], device=tokens.device))
-    # gather, not choices[last]: indexing with a 0-dim tensor would read it on the host
-    return StaticWalk(path=path[: max_depth + 1], count=count, bonus=choices.gather(0, last.reshape(1))[0], last=last)
+    path; its deepest node is the last accepted one. One Triton launch where Triton runs
+    (tree_kernels.tree_walk), else the torch reference."""
+    path, count, bonus, last = tk.tree_walk(tokens, parents, depths, valid, anc, choices, max_depth)
+    return StaticWalk(path=path, count=count, bonus=bonus, last=last)

@@ -19,6 +19,7 @@ from .tree_attention import naive as attention_naive
 from .tree_build import naive as build_naive
 from .tree_conv import naive as conv_naive
 from .tree_gdn import naive as gdn_naive
+from .tree_walk import naive as walk_naive
 from .norms import naive as norms_naive
 from .tree_gdn.naive import TreeGDNStash
 
@@ -31,6 +32,7 @@ __all__ = [
     "triton_available",
     "tree_attention",
     "tree_build",
+    "tree_walk",
     "tree_conv1d",
     "tree_conv_commit",
     "conv1d_decode_step",
@@ -194,6 +196,16 @@ def tree_build(draft_tokens, draft_logprobs, budget, root_token):
 
         return impl.tree_build(draft_tokens, draft_logprobs, budget, root_token)
     return build_naive.tree_build(draft_tokens, draft_logprobs, budget, root_token)
+
+
+def tree_walk(tokens, parents, depths, valid, anc, choices, max_depth):
+    """Which nodes of a static tree the target accepts: (path, count, bonus, last), all on the
+    device. See tree_walk/naive.py."""
+    if use_triton(tokens):
+        from .tree_walk import triton as impl
+
+        return impl.tree_walk(tokens, parents, depths, valid, anc, choices, max_depth)
+    return walk_naive.tree_walk(tokens, parents, depths, valid, anc, choices, max_depth)
 
 
 def fused_norms_for(x: torch.Tensor) -> bool:
