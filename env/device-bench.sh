@@ -45,8 +45,9 @@ if [[ "$part" == l2 ]]; then
 fi
 if [[ "$part" == pdl ]]; then
   # programmatic dependent launch of the Triton kernels: the 27B AR step and verify 17 / 65 with it and
-  # without (off / on / off / on), then both pairs' fork rows at T = 0, each followed by its twin with it
+  # without (off / on / off / on), then both pairs' fork rows at T = 0, each followed by its twins: with PDL, and with the
+  # round's ancestor mask and walk as torch ops (the one-launch kernels off)
   python3 -m workbench.bench.e2e --skip-pairs --pdl-variants --budgets-27b 16,64 --repeats 20 --out "$out/e2e-27b-pdl.json" 2>&1 | tee "$out/e2e-27b-pdl.log"
   python3 -m workbench.bench.e2e --skip-27b --skip-hf --n 8 --temperatures 0 --budgets 8,16,32 --phase-prompts 1 --phase-budget 8 \
-    --pdl-pairs --out "$out/e2e-pairs-pdl.json" 2>&1 | tee "$out/e2e-pairs-pdl.log"
+    --twins pdl,torch_round --out "$out/e2e-pairs-pdl.json" 2>&1 | tee "$out/e2e-pairs-pdl.log"
 fi

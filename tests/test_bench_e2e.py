@@ -9,7 +9,7 @@ def test_e2e_pairs_on_cpu_write_rows_and_print_the_table(tmp_path, capsys):
     out = tmp_path / "e2e.json"
     e2e.main(["--pairs", "tiny-hybrid:tiny-hybrid-dflash", "--n", "1", "--max-new-tokens", "6", "--budgets", "8",
               "--temperatures", "0", "--skip-hf", "--phase-prompts", "1", "--phase-budget", "8", "--both-norms", "--serial-host",
-              "--pdl-pairs", "--dtype", "float32", "--out", str(out)])
+              "--twins", "pdl", "--dtype", "float32", "--out", str(out)])
     result = json.loads(out.read_text())
     rows = result["pairs"]["tiny-hybrid"]["rows"]
     variants = {r["variant"] for r in rows}
@@ -132,3 +132,11 @@ def test_pdl_variants_time_each_setting_with_the_switch_set_and_restore_it():
     assert abs(got["on_over_off"]["verify_17_fork_ms"] - 0.9) < 1e-12 and abs(got["off"]["ar_step_over_floor"] - 1.25) < 1e-12
     assert abs(got["off_again"]["verify_65_over_ar"] - 1.3) < 1e-12 and set(got["on_again_over_off_again"]) == {
         "ar_step_ms", "verify_17_fork_ms", "verify_65_fork_ms"}
+
+
+def test_unknown_twins_are_refused_before_any_model_loads(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        e2e.main(["--twins", "pdl,warp_drive", "--skip-27b"])
+    assert "warp_drive" in capsys.readouterr().err

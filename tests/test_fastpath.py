@@ -107,6 +107,28 @@ def test_the_walk_kernel_equals_its_reference(budget, depth, k):
     assert int(want[1]) >= 1
 
 
+@pytest.mark.parametrize("budget, depth, k", [(0, 0, 1), (8, 4, 3), (64, 16, 8), (256, 16, 16), (40, 3, 2), (30, 9, 1)])
+def test_the_ancestor_mask_kernel_equals_pointer_doubling_and_the_walk_up(budget, depth, k):
+    """The one-launch ancestor mask (interpreted Triton) against the pointer-doubling reference and
+    the host walk up the parents (ancestor_mask of the host tree): one node, several tiles (257
+    nodes), padding slots, a chain (k = 1)."""
+    from tree_kernels.tree_mask import naive as mask_naive
+    from tree_kernels.tree_mask import triton as mask_triton
+
+    for trial in range(4):
+        if budget:
+            draft = random_draft(depth, k, trial, vocab=50)
+            st_tree = build_ddtree_static(draft.tokens, draft.logprobs, budget, torch.tensor(7))
+        else:
+            st_tree = build_chain_static(torch.zeros(0, 1, dtype=torch.int64), torch.zeros(0, 1), torch.tensor(7))
+        want = mask_naive.ancestor_mask(st_tree.parents, depth)
+        got = mask_triton.ancestor_mask(st_tree.parents, depth)
+        assert got.dtype == torch.bool and torch.equal(got, want), trial
+        assert torch.equal(got, ancestor_mask(st_tree.parents))
+    with pytest.raises(ValueError, match="parents must be int64"):
+        mask_triton.ancestor_mask(st_tree.parents.int(), depth)
+
+
 def test_static_kernels_equal_references():
     g = torch.Generator().manual_seed(1)
     from trees import random_tree

@@ -507,19 +507,7 @@ def build_chain_static(draft_tokens: torch.Tensor, draft_logprobs: torch.Tensor,
 
 
 def static_ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """ancestor_mask with a fixed number of steps, no data-dependent loop: pointer doubling.
-
-    reach_1 = I + (node -> parent); squaring doubles the path length covered, so
-    ceil(log2(max_depth + 1)) squarings reach every ancestor (a few kernels, where walking up one
-    level per step costs ~8 kernels per level). Counts stay small integers: exact in fp32.
-    """
-    n = parents.shape[0]
-    rows = torch.arange(n, device=parents.device)
-    has_parent = parents >= 0
-    reach = (rows[:, None] == rows[None, :]) | (has_parent[:, None] & (parents.clamp(min=0)[:, None] == rows[None, :]))
-    covered = 1  # path length (edges) covered so far
-    while covered < max_depth:
-        r = reach.float()
-        reach = (r @ r) > 0
-        covered *= 2
-    return reach
+    """ancestor_mask with a fixed number of steps, no data-dependent loop (no host sync): one
+    Triton launch where Triton runs, else pointer doubling (tree_kernels.ancestor_mask,
+    tree_mask/naive.py)."""
+    return tk.ancestor_mask(parents, max_depth)

@@ -13,12 +13,14 @@ import os
 
 import torch
 
-from .backend import (Switch, fused_norms_enabled, gemv_enabled, get_backend, pdl_enabled, set_backend, set_fused_norms,
-                      set_gemv, set_pdl, triton_available, use_backend, use_fused_norms, use_gemv, use_pdl, use_triton)
+from .backend import (Switch, fused_norms_enabled, gemv_enabled, get_backend, pdl_enabled, round_kernels_enabled,
+                      set_backend, set_fused_norms, set_gemv, set_pdl, set_round_kernels, triton_available, use_backend,
+                      use_fused_norms, use_gemv, use_pdl, use_round_kernels, use_triton)
 from .tree_attention import naive as attention_naive
 from .tree_build import naive as build_naive
 from .tree_conv import naive as conv_naive
 from .tree_gdn import naive as gdn_naive
+from .tree_mask import naive as mask_naive
 from .tree_walk import naive as walk_naive
 from .norms import naive as norms_naive
 from .tree_gdn.naive import TreeGDNStash
@@ -33,6 +35,7 @@ __all__ = [
     "tree_attention",
     "tree_build",
     "tree_walk",
+    "ancestor_mask",
     "tree_conv1d",
     "tree_conv_commit",
     "conv1d_decode_step",
@@ -64,6 +67,9 @@ __all__ = [
     "pdl_enabled",
     "set_pdl",
     "use_pdl",
+    "round_kernels_enabled",
+    "set_round_kernels",
+    "use_round_kernels",
 ]
 
 
@@ -198,10 +204,19 @@ def tree_build(draft_tokens, draft_logprobs, budget, root_token):
     return build_naive.tree_build(draft_tokens, draft_logprobs, budget, root_token)
 
 
+def ancestor_mask(parents, max_depth):
+    """anc[i, j]: j is i or an ancestor of i, for a static tree's parents. See tree_mask/naive.py."""
+    if round_kernels_enabled() and use_triton(parents):
+        from .tree_mask import triton as impl
+
+        return impl.ancestor_mask(parents, max_depth)
+    return mask_naive.ancestor_mask(parents, max_depth)
+
+
 def tree_walk(tokens, parents, depths, valid, anc, choices, max_depth):
     """Which nodes of a static tree the target accepts: (path, count, bonus, last), all on the
     device. See tree_walk/naive.py."""
-    if use_triton(tokens):
+    if round_kernels_enabled() and use_triton(tokens):
         from .tree_walk import triton as impl
 
         return impl.tree_walk(tokens, parents, depths, valid, anc, choices, max_depth)

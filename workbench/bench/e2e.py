@@ -222,7 +222,17 @@ def norm_variants(device) -> tuple[str, str]:
 
 
 SERIAL = "/serial_host"  # variant suffix: FastEngine(overlap_host=False), the ablation of queueing ahead
-PDL = "/pdl"  # variant suffix: every Triton kernel launched with programmatic dependent launch (tree_kernels._pdl)
+# --twins: variant suffix -> the setting its rows run under (each a switch the other way from its default)
+TWINS = {
+    "pdl": lambda: __import__("tree_kernels").use_pdl(True),  # every Triton kernel with programmatic dependent launch
+    "torch_round": lambda: __import__("tree_kernels").use_round_kernels(False),  # the mask and walk as torch ops
+}
+
+
+def twin_setting(variant: str):
+    """The context a pairs row of ``variant`` runs in: its twin's setting (…/pdl, …/torch_round), else none."""
+    name = variant.rsplit("/", 1)[-1] if "/" in variant else None
+    return TWINS[name]() if name in TWINS else contextlib.nullcontext()
 
 
 def bench_pair(name, drafter_name, prompts, args, device) -> dict:
@@ -252,12 +262,14 @@ def bench_pair(name, drafter_name, prompts, args, device) -> dict:
         if args.serial_host and temperature == 0:  # the host reads each round before queueing the next
             configs += [("ar", 1, "fork", main + SERIAL), ("dflash", 1, "fork", main + SERIAL)]
             configs += [("ddtree", b, "fork", main + SERIAL) for b in budgets]
-        if getattr(args, "pdl_pairs", False) and temperature == 0:  # each fork row again right after it, with PDL
-            configs = [c for row in configs for c in ((row, (*row[:3], main + PDL)) if row[2:] == ("fork", main) else (row,))]
+        twins = [t for t in (getattr(args, "twins", None) or "").split(",") if t]
+        if twins and temperature == 0:  # each fork row again right after it, once per twin setting
+            configs = [c for row in configs for c in ((row, *((*row[:3], f"{main}/{t}") for t in twins))
+                                                       if row[2:] == ("fork", main) else (row,))]
         for method, budget, mode, variant in configs:
             cfg = GenerationConfig(method=method, budget=budget, recurrent=mode, max_new_tokens=args.max_new_tokens,
                                    temperature=temperature, seed=0, trace_topk=0, draft_trace_k=0, stop_on_eos=False)
-            with tk.use_fused_norms(variant.startswith("fused_norms")), tk.use_pdl(variant.endswith(PDL) or tk.pdl_enabled()):
+            with tk.use_fused_norms(variant.startswith("fused_norms")), twin_setting(variant):
                 engine = FastEngine(target, drafter, cfg, max_len=max_len, overlap_host=not variant.endswith(SERIAL))
                 engine.generate(ids[0])  # warm-up: captures the graphs
                 gc.collect()
@@ -747,9 +759,10 @@ def main(argv=None) -> dict:
     p.add_argument("--few-rows-tuned", default=None,
                    help="27B dims: a bench.gemv result; the verify at each budget again with its GEMMs through the few-rows "
                         "GEMM where that sweep beat cuBLAS, interleaved with cuBLAS")
-    p.add_argument("--pdl-pairs", action="store_true",
-                   help="pairs at T=0: each fork row (AR, DFlash, DDTree) again right after it with programmatic dependent "
-                        "launch (rows of variant <norms>/pdl; identical_to_ar compares with the AR row without it)")
+    p.add_argument("--twins", default=None,
+                   help="pairs at T=0: each fork row (AR, DFlash, DDTree) again right after it under each listed setting: "
+                        "pdl (programmatic dependent launch), torch_round (the ancestor mask and walk as torch ops); rows of "
+                        "variant <norms>/<twin>, identical_to_ar against the AR row without it")
     p.add_argument("--pdl-variants", action="store_true",
                    help="27B dims: the AR step and verify 17 / 65 with every Triton kernel launched with programmatic "
                         "dependent launch (WORKBENCH_PDL) and without, off / on / off / on")
@@ -762,6 +775,9 @@ def main(argv=None) -> dict:
     args.budgets_27b = [int(b) for b in args.budgets_27b.split(",")]
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     args.t1_budgets = [int(b) for b in args.t1_budgets.split(",")] if args.t1_budgets else None
+    unknown = [t for t in (args.twins or "").split(",") if t and t not in TWINS]
+    if unknown:
+        p.error(f"--twins: unknown setting(s) {unknown}; known: {sorted(TWINS)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     from ..prompts import load_prompts
 

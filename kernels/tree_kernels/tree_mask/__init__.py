@@ -1,0 +1,1 @@
+"""See naive.py for the maths and shapes."""
