@@ -478,3 +478,27 @@ def test_static_drafts_through_tree_attention_equal_the_reference_drafts(backend
     for f, r in zip(fast.rounds, ref.rounds):
         assert np.allclose(f.draft_logprobs, [row[:6] for row in r.draft_logprobs], atol=2e-4)
     assert fast.generated_ids == ref.generated_ids
+
+
+def test_the_rotary_table_rows_are_the_computed_ones_and_outlive_a_longer_table():
+    """Rotary.table_rows (the fast path's static trees) gives cos_sin's values bit for bit, past
+    the table's end its last row; a longer table built later (another engine) leaves the first
+    one's tensor intact for the engine that captured with it; a table of another dtype is not used."""
+    target = random_target("hybrid", seed=2, vocab_size=300, eos_token_id=None)
+    rot = target.rotary
+    first = rot.build_table(40, torch.float32)
+    assert rot.build_table(30, torch.float32) is first  # covered: reused
+    pos = torch.tensor([0, 5, 5, 6, 39, 17])
+    cos, sin = rot.table_rows(pos, torch.float32)
+    want_cos, want_sin = rot.cos_sin(pos, torch.float32)
+    assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    past = rot.table_rows(torch.tensor([45]), torch.float32)[0]
+    assert torch.equal(past, rot.cos_sin(torch.tensor([39]), torch.float32)[0])
+    kept = first.clone()
+    longer = rot.build_table(80, torch.float32)
+    assert longer is not first and torch.equal(first, kept) and torch.equal(longer[:40], first)
+    assert torch.equal(rot.table_rows(torch.tensor([70]), torch.float32)[1], rot.cos_sin(torch.tensor([70]), torch.float32)[1])
+    half = rot.table_rows(pos, torch.bfloat16)  # no bf16 table: computed
+    assert torch.equal(half[0], rot.cos_sin(pos, torch.bfloat16)[0])
+    engine = FastEngine(target, None, GenerationConfig(method="ar", max_new_tokens=4, trace_topk=0), max_len=200, use_graphs=False)
+    assert engine._rotary_table.shape[0] >= engine.cache.capacity and rot._table[0] is engine._rotary_table

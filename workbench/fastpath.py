@@ -174,6 +174,8 @@ class FastEngine:
         self.max_len = max_len
         # room for one round queued ahead of the host past max_len (see _room_ahead)
         self.cache = target.new_cache(max_len + self.nodes + 2 + self._path_size)
+        # each step gathers its rotary rows from a table (Rotary.table_rows), which the graphs read: kept here
+        self._rotary_table = target.rotary.build_table(self.cache.capacity, target.dtype)
         hidden = target.config.hidden_size * max(1, len(self.taps))
         dev = self.device
         self.buf = _Buffers(

@@ -199,6 +199,30 @@ class Rotary(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 
+    _table: tuple | None = None  # (rows [L, 2, R]: cos and sin of positions 0..L-1, dtype)
+
+    def build_table(self, length: int, dtype: torch.dtype) -> torch.Tensor:
+        """cos_sin of positions 0 .. length - 1 at least, computed once (the same values, bit for
+        bit), for ``table_rows``: a step of the fast path then gathers its rows in two launches
+        instead of computing them in about eight. Returns the table: a CUDA graph captured with it
+        reads that memory, so whoever captures keeps it (a later, longer table replaces it here
+        without freeing it under an earlier engine's graphs)."""
+        table = self._table
+        if table is None or table[1] != dtype or table[0].device != self.inv_freq.device or table[0].shape[0] < length:
+            cos, sin = self.cos_sin(torch.arange(length, device=self.inv_freq.device), dtype)
+            self._table = table = (torch.stack([cos, sin], dim=1), dtype)
+        return table[0]
+
+    def table_rows(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos_sin through the table of ``build_table`` when it has this dtype and device, else
+        computed. Positions past the table (never those of rows a cache holds: it is built to the
+        cache's capacity) read its last row rather than out of bounds."""
+        table = self._table
+        if table is None or table[1] != dtype or table[0].device != positions.device:
+            return self.cos_sin(positions, dtype)
+        rows = table[0][positions.clamp(max=table[0].shape[0] - 1)]
+        return rows[:, 0], rows[:, 1]
+
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D]; cos, sin [T, R] with R <= D. Channels past R pass through (rotate-half layout;
@@ -514,7 +538,9 @@ class CausalLM(PackableModel):
         if self.layer_fn is not None:
             self.check_packing()  # a compiled layer function reads this check (no data pointers there)
         x = self.embed(tree.tokens)
-        cos, sin = self.rotary.cos_sin(tree.positions, x.dtype)
+        # a static tree (the fast path, positions on the device): its rows of the rotary table
+        rope = self.rotary.table_rows if tree.prefix_t is not None else self.rotary.cos_sin
+        cos, sin = rope(tree.positions, x.dtype)
         wanted = {layer: i for i, layer in enumerate(taps)}
         captured: list[torch.Tensor | None] = [None] * len(taps)
         states = {}

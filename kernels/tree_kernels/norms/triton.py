@@ -329,7 +329,8 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     if cos.shape != (t, r) or sin.shape != (t, r) or r > d or r % 2:
         raise ValueError(f"rotary: x {tuple(x.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
     x = x if x.stride(-1) == 1 else x.contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():  # one row stride for both (rows of one table may share it)
+        cos, sin = cos.contiguous(), sin.contiguous()
     y = torch.empty(t, h, d, dtype=x.dtype, device=x.device)
     if y.numel():
         block = max(16, next_pow2(d))
@@ -350,7 +351,8 @@ def qk_norm_rotary(q, k, wq, wk, eps: float, zero_centered: bool, cos, sin):
                          f"{tuple(wk.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
-    cos, sin = cos.contiguous(), sin.contiguous()
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():  # one row stride for both (rows of one table may share it)
+        cos, sin = cos.contiguous(), sin.contiguous()
     qo = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
     ko = torch.empty(t, hk, d, dtype=k.dtype, device=k.device)
     if qo.numel():
