@@ -502,3 +502,20 @@ def test_the_rotary_table_rows_are_the_computed_ones_and_outlive_a_longer_table(
     assert torch.equal(half[0], rot.cos_sin(pos, torch.bfloat16)[0])
     engine = FastEngine(target, None, GenerationConfig(method="ar", max_new_tokens=4, trace_topk=0), max_len=200, use_graphs=False)
     assert engine._rotary_table.shape[0] >= engine.cache.capacity and rot._table[0] is engine._rotary_table
+
+
+def test_a_chain_from_its_skeleton_is_the_chain_built_whole_and_aliases_nothing():
+    from workbench.tree import chain_skeleton
+
+    g = torch.Generator().manual_seed(4)
+    for depth in (0, 1, 7):
+        toks, lps = torch.randint(0, 99, (depth, 3), generator=g), torch.randn(depth, 3, generator=g)
+        root = torch.tensor(5)
+        whole = build_chain_static(toks, lps, root)
+        fast = build_chain_static(toks, lps, root, chain_skeleton(depth, "cpu"))
+        for name in ("tokens", "parents", "depths", "scores", "ranks", "valid"):
+            assert torch.equal(getattr(whole, name), getattr(fast, name)), (depth, name)
+        root.fill_(9)  # the round overwrites the bonus buffer after building its tree
+        assert int(fast.tokens[0]) == 5
+    with pytest.raises(ValueError, match="skeleton of 7 drafts for a chain of 2"):
+        build_chain_static(toks[:2], lps[:2], root, chain_skeleton(7, "cpu"))

@@ -27,7 +27,7 @@ import torch
 
 from .engine import GenerationConfig, check_prompt, extend_generated
 from .trace import RoundTrace, Trace
-from .tree import CompiledTree, build_chain_static, build_ddtree_static, static_ancestor_mask
+from .tree import CompiledTree, build_chain_static, build_ddtree_static, chain_skeleton, static_ancestor_mask
 from .verify import Sampler, check_finite, choose_static, gdn_decode_step_enabled, walk_static
 
 
@@ -186,6 +186,8 @@ class FastEngine:
             draft_tokens=torch.zeros(max(self.depth, 1), max(self.k, 1), dtype=torch.int64, device=dev),
             draft_logprobs=torch.zeros(max(self.depth, 1), max(self.k, 1), dtype=torch.float32, device=dev),
         )
+        # a chain's parents, depths, ranks and validity never change: built once, outside the graphs
+        self._chain = chain_skeleton(self.depth if config.method == "dflash" else 0, dev) if config.method != "ddtree" else None
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._slots: list[torch.Tensor] | None = None  # host copies of the packed result, one per queued round
         # AR: the one node is always accepted, so the recurrent layers commit during the forward
@@ -212,9 +214,9 @@ class FastEngine:
         if cfg.method == "ddtree":
             st = build_ddtree_static(b.draft_tokens, b.draft_logprobs, cfg.budget, b.bonus)
         elif cfg.method == "dflash":
-            st = build_chain_static(b.draft_tokens, b.draft_logprobs, b.bonus)
+            st = build_chain_static(b.draft_tokens, b.draft_logprobs, b.bonus, self._chain)
         else:
-            st = build_chain_static(b.draft_tokens[:0], b.draft_logprobs[:0], b.bonus)
+            st = build_chain_static(b.draft_tokens[:0], b.draft_logprobs[:0], b.bonus, self._chain)
         max_depth = self.depth if cfg.method != "ar" else 0
         anc = static_ancestor_mask(st.parents, max_depth)
         tree = CompiledTree(st.tokens, st.parents, st.depths, b.position + st.depths, anc, -1, cfg.method != "ddtree", b.position,

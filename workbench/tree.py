@@ -490,20 +490,39 @@ def build_ddtree_static(draft_tokens: torch.Tensor, draft_logprobs: torch.Tensor
     )
 
 
-def build_chain_static(draft_tokens: torch.Tensor, draft_logprobs: torch.Tensor, root_token: torch.Tensor) -> StaticTree:
+@dataclass
+class ChainSkeleton:
+    """What a chain of ``depth`` drafts has whatever the tokens: built once (an engine's static
+    buffers), so a round builds only its tokens and scores (the AR step's one-node tree: one launch)."""
+
+    parents: torch.Tensor
+    depths: torch.Tensor
+    ranks: torch.Tensor
+    valid: torch.Tensor
+    zero_score: torch.Tensor  # [1] float32
+
+
+def chain_skeleton(depth: int, device) -> ChainSkeleton:
+    ar = torch.arange(depth + 1, device=device)
+    return ChainSkeleton(parents=ar - 1, depths=ar, ranks=torch.where(ar == 0, -1, 0),
+                         valid=torch.ones(depth + 1, dtype=torch.bool, device=device),
+                         zero_score=torch.zeros(1, device=device))
+
+
+def build_chain_static(draft_tokens: torch.Tensor, draft_logprobs: torch.Tensor, root_token: torch.Tensor,
+                       skeleton: ChainSkeleton | None = None) -> StaticTree:
+    """The chain of the drafts' first choices under ``root_token``; ``skeleton`` (chain_skeleton of
+    this depth) reuses the parts that do not depend on the drafts. Nothing it returns aliases an
+    input: the round that builds it overwrites the root token's buffer."""
     depth = draft_tokens.shape[0]
     device = draft_tokens.device
-    ar = torch.arange(depth + 1, device=device)
+    sk = skeleton if skeleton is not None else chain_skeleton(depth, device)
+    if sk.depths.shape[0] != depth + 1:
+        raise ValueError(f"chain skeleton of {sk.depths.shape[0] - 1} drafts for a chain of {depth}")
     root = torch.as_tensor(root_token, device=device).reshape(1).to(torch.int64)
-    scores = torch.cat([torch.zeros(1, device=device), torch.cumsum(draft_logprobs[:, 0].float(), 0)])
-    return StaticTree(
-        tokens=torch.cat([root, draft_tokens[:, 0]]),
-        parents=ar - 1,
-        depths=ar,
-        scores=scores,
-        ranks=torch.where(ar == 0, -1, 0),
-        valid=torch.ones(depth + 1, dtype=torch.bool, device=device),
-    )
+    scores = sk.zero_score if depth == 0 else torch.cat([sk.zero_score, torch.cumsum(draft_logprobs[:, 0].float(), 0)])
+    return StaticTree(tokens=torch.cat([root, draft_tokens[:, 0]]), parents=sk.parents, depths=sk.depths,
+                      scores=scores, ranks=sk.ranks, valid=sk.valid)
 
 
 def static_ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
