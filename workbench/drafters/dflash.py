@@ -284,7 +284,7 @@ class DFlashDraftModel(PackableModel):
         windowed = any(layer.self_attn.window is not None for layer in self.layers)
         k_pos = torch.arange(caches[0].capacity, device=noise.device) if windowed else None
         # the block's rows are the last b of the keys' positions: their cos / sin computed once
-        cos_k, sin_k = self.rotary.cos_sin(torch.cat([ctx_pos, blk_pos]), noise.dtype)
+        cos_k, sin_k = self.rotary.table_rows(torch.cat([ctx_pos, blk_pos]), noise.dtype)
         rope = (cos_k[c:], sin_k[c:], cos_k, sin_k, blk_pos, k_pos)
         x = noise
         for layer, cache in zip(self.layers, caches):
@@ -389,6 +389,8 @@ class DFlashDrafter:
                 c.length = 0
         else:
             self.caches = self.model.new_cache(need)
+        # the static draft step gathers its rotary rows from a table (Rotary.table_rows); graphs read it: kept here
+        self._rotary_table = self.model.rotary.build_table(self.caches[0].capacity, self.target.dtype)
         self.pending = features
 
     def commit(self, accepted_ids: list[int], features: torch.Tensor | None) -> None:
