@@ -142,15 +142,7 @@ def test_the_prefetch_instructions_compile_for_hopper():
 
     if not regs.cuobjdump_path().parent.is_dir():
         pytest.skip("no Triton NVIDIA backend here")
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "kernels"), env.get("PYTHONPATH", "")])
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    r = subprocess.run([sys.executable, "-c", PTX_PROBE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    import json
-
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = regs.run_aot_probe(PTX_PROBE)
     assert got["0/True"]["prefetch"] == [] and got["0/True"]["loads"] > 0
     assert got["1/True"]["prefetch"] == ["prefetch.global.L2::evict_last"] and got["1/True"]["loads"] == 0
     assert got["1/False"]["prefetch"] == ["prefetch.global.L2"]

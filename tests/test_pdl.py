@@ -187,13 +187,7 @@ def test_the_compiled_kernels_wait_before_touching_what_earlier_kernels_write():
 
     if not regs.cuobjdump_path().parent.is_dir():
         pytest.skip("no Triton NVIDIA backend here")
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "kernels"), env.get("PYTHONPATH", "")])
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    r = subprocess.run([sys.executable, "-c", PTX_PROBE], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = regs.run_aot_probe(PTX_PROBE)
     for name in ("gemv", "norm", "swap"):
         assert not got[f"{name}/False"]["wait"] and not got[f"{name}/False"]["launch"]
         assert got[f"{name}/True"]["wait"] and got[f"{name}/True"]["launch"]

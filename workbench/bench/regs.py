@@ -38,6 +38,21 @@ def cuobjdump_path() -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
+def run_aot_probe(code: str, timeout: int = 600) -> dict:
+    """Run ``code`` (ahead-of-time compiles; prints one JSON line last) in a subprocess without
+    TRITON_INTERPRET, with the repository and its kernels importable; returns that JSON."""
+    import json
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "kernels"), env.get("PYTHONPATH", "")])
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"AOT probe failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def resource_usage(fn, constexprs: dict, num_warps: int, pointer_types: dict | None = None,
                    arch: int = 90) -> dict:
     """{'registers', 'stack_bytes', 'shared_bytes'} per thread / block of ``fn`` compiled for sm_<arch>.
