@@ -134,9 +134,6 @@ print(json.dumps(out))
 def test_the_prefetch_instructions_compile_for_hopper():
     """PTX 1 / 2 cannot be interpreted; an ahead-of-time sm_90 compile (a subprocess without
     TRITON_INTERPRET) shows each mode emits its instruction, with its eviction hint, and no loads."""
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from workbench.bench import regs
 

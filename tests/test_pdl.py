@@ -179,9 +179,6 @@ def test_the_compiled_kernels_wait_before_touching_what_earlier_kernels_write():
     griddepcontrol.wait before any global load or store, and launch_dependents; the GEMV reads
     (only) its first weight tile before the wait and stores nothing there; without USE_GDC neither
     instruction is emitted. The few-rows "swap" GEMM as the GEMV."""
-    import json
-    import subprocess
-    import sys
 
     from workbench.bench import regs
 
