@@ -77,6 +77,15 @@ def test_static_walk_equals_follow(backend):
         assert walk.path[: int(walk.count)].tolist() == accepted and int(walk.bonus) == bonus
 
 
+def random_static_tree(budget: int, depth: int, k: int, seed: int):
+    """A DDTree over a random draft of ``depth`` positions x ``k`` candidates; budget 0 gives the
+    one-node tree of the AR step (an empty chain after the root)."""
+    if budget:
+        draft = random_draft(depth, k, seed, vocab=50)
+        return build_ddtree_static(draft.tokens, draft.logprobs, budget, torch.tensor(7))
+    return build_chain_static(torch.zeros(0, 1, dtype=torch.int64), torch.zeros(0, 1), torch.tensor(7))
+
+
 @pytest.mark.parametrize("budget, depth, k", [(0, 0, 1), (8, 4, 3), (64, 16, 8), (256, 16, 16), (40, 3, 2)])
 def test_the_walk_kernel_equals_its_reference(budget, depth, k):
     """tree_walk in one Triton program against the torch reference on random static trees: one
@@ -88,11 +97,7 @@ def test_the_walk_kernel_equals_its_reference(budget, depth, k):
 
     g = torch.Generator().manual_seed(budget + depth)
     for trial in range(6):
-        if budget:
-            draft = random_draft(depth, k, trial, vocab=50)
-            st_tree = build_ddtree_static(draft.tokens, draft.logprobs, budget, torch.tensor(7))
-        else:
-            st_tree = build_chain_static(torch.zeros(0, 1, dtype=torch.int64), torch.zeros(0, 1), torch.tensor(7))
+        st_tree = random_static_tree(budget, depth, k, trial)
         n = st_tree.tokens.shape[0]
         anc = static_ancestor_mask(st_tree.parents, depth)
         choices = torch.randint(0, 50, (n,), generator=g)
@@ -116,11 +121,7 @@ def test_the_ancestor_mask_kernel_equals_pointer_doubling_and_the_walk_up(budget
     from tree_kernels.tree_mask import triton as mask_triton
 
     for trial in range(4):
-        if budget:
-            draft = random_draft(depth, k, trial, vocab=50)
-            st_tree = build_ddtree_static(draft.tokens, draft.logprobs, budget, torch.tensor(7))
-        else:
-            st_tree = build_chain_static(torch.zeros(0, 1, dtype=torch.int64), torch.zeros(0, 1), torch.tensor(7))
+        st_tree = random_static_tree(budget, depth, k, trial)
         want = mask_naive.ancestor_mask(st_tree.parents, depth)
         got = mask_triton.ancestor_mask(st_tree.parents, depth)
         assert got.dtype == torch.bool and torch.equal(got, want), trial
