@@ -114,7 +114,7 @@ def test_the_walk_kernel_equals_its_reference(budget, depth, k):
 
 @pytest.mark.parametrize("budget, depth, k", [(0, 0, 1), (8, 4, 3), (64, 16, 8), (256, 16, 16), (40, 3, 2), (30, 9, 1)])
 def test_the_ancestor_mask_kernel_equals_pointer_doubling_and_the_walk_up(budget, depth, k):
-    """The one-launch ancestor mask (interpreted Triton) against the pointer-doubling reference and
+    """The one-launch ancestor mask and conv gather table (interpreted Triton) against the pointer-doubling reference and
     the host walk up the parents (ancestor_mask of the host tree): one node, several tiles (257
     nodes), padding slots, a chain (k = 1)."""
     from tree_kernels.tree_mask import naive as mask_naive
@@ -126,8 +126,13 @@ def test_the_ancestor_mask_kernel_equals_pointer_doubling_and_the_walk_up(budget
         got = mask_triton.ancestor_mask(st_tree.parents, depth)
         assert got.dtype == torch.bool and torch.equal(got, want), trial
         assert torch.equal(got, ancestor_mask(st_tree.parents))
+        for width in (1, 2, 4, 5):  # the conv window: inside the tree, through the root, into the conv state
+            table = mask_triton.conv_gather_table(st_tree.parents, width)
+            assert torch.equal(table, mask_naive.conv_gather_table(st_tree.parents, width)), (trial, width)
     with pytest.raises(ValueError, match="parents must be int64"):
         mask_triton.ancestor_mask(st_tree.parents.int(), depth)
+    with pytest.raises(ValueError, match="width must be >= 1"):
+        mask_triton.conv_gather_table(st_tree.parents, 0)
 
 
 def test_static_kernels_equal_references():

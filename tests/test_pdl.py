@@ -192,3 +192,48 @@ def test_the_compiled_kernels_wait_before_touching_what_earlier_kernels_write():
     assert got["norm/True"]["loads_before"] == 0
     assert got["gemv/True"]["loads_before"] >= 1  # the weight tile, in flight while the kernel before finishes
     assert got["swap/True"]["loads_before"] >= 1
+
+
+SMEM_PROBE = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tree_kernels.gemv import triton as gm
+from tree_kernels.gemv.few_rows_tuned import TABLE
+
+out = []
+for (dev, n, k, m), cfg in TABLE.items():
+    if cfg.get("LAYOUT") != "swap_tma":
+        continue
+    main, tail = gm.swap_row_blocks(m)
+    bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+    cx = {"HAS_BIAS": False, "PARTIAL": False, "DOT_FP32": False, "BLOCK_N": bn, "BLOCK_K": bk, "M_MAIN": main,
+          "M_TAIL": tail, "WARP_SPECIALIZE": False}
+    sig = {"x_desc": f"tensordesc<bf16[{main}, {bk}]>", "xt_desc": f"tensordesc<bf16[{max(tail, 16)}, {bk}]>",
+           "w_desc": f"tensordesc<bf16[{bn}, {bk}]>", "B": "*bf16", "Y": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+           "k_per_split": "i32", "sym": "i32", **{c: "constexpr" for c in [*cx, "USE_GDC"]}}
+    row = {"shape": [n, k, m]}
+    for use in (False, True):
+        stages = gm.tma_stages(cfg["num_stages"], {"USE_GDC": True} if use else {})
+        kernel = triton.compile(ASTSource(fn=gm._few_rows_swap_tma_kernel, signature=sig, constexprs={**cx, "USE_GDC": use}),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"], "num_stages": stages})
+        row[str(use)] = kernel.metadata.shared
+    out.append(row)
+print(json.dumps(out))
+"""
+
+
+def test_the_tma_routes_with_pdl_fit_the_shared_memory_they_have_without():
+    """sm_90 AOT compile of every committed TMA few-rows route at the stages its launch takes, with PDL
+    and without: the peeled first tile must not push a route past what it uses without PDL (the
+    65-row LM-head route at its 4 stages once needed 266 KB with PDL and failed to launch on an H100,
+    whose limit is 227 KB)."""
+    from workbench.bench import regs
+
+    if not regs.cuobjdump_path().parent.is_dir():
+        pytest.skip("no Triton NVIDIA backend here")
+    rows = regs.run_aot_probe(SMEM_PROBE)
+    assert rows, "no TMA route in few_rows_tuned.TABLE to check"
+    for row in rows:
+        assert row["True"] <= row["False"] <= 232448, row

@@ -253,17 +253,10 @@ def conv_gather_table(parents: torch.Tensor, width: int) -> torch.Tensor:
 
     Past the root the window continues into the committed conv state: -1 is the most recent
     committed input, -2 the one before, and so on (so ``idx + W - 1`` indexes the row of
-    ``cat([conv_state.T, x])``).
+    ``cat([conv_state.T, x])``). One Triton launch where Triton runs, else W - 1 gather steps
+    (tree_kernels.conv_gather_table, tree_mask/naive.py).
     """
-    n = parents.shape[0]
-    idx = torch.empty(n, width, dtype=torch.int64, device=parents.device)
-    cur = torch.arange(n, device=parents.device)
-    for j in range(width - 1, -1, -1):
-        idx[:, j] = cur
-        # a node steps to its parent (the root's parent is -1: the newest committed input);
-        # a negative offset steps one further back into the conv state
-        cur = torch.where(cur >= 0, parents[cur.clamp(min=0)], cur - 1)
-    return idx
+    return tk.conv_gather_table(parents, width)
 
 
 @dataclass

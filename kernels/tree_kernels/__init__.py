@@ -36,6 +36,7 @@ __all__ = [
     "tree_build",
     "tree_walk",
     "ancestor_mask",
+    "conv_gather_table",
     "tree_conv1d",
     "tree_conv_commit",
     "conv1d_decode_step",
@@ -211,6 +212,16 @@ def ancestor_mask(parents, max_depth):
 
         return impl.ancestor_mask(parents, max_depth)
     return mask_naive.ancestor_mask(parents, max_depth)
+
+
+def conv_gather_table(parents, width):
+    """The rows a width-W causal conv reads for each node of a tree (its W - 1 nearest ancestors,
+    then the committed conv state): [T, W] int64. See tree_mask/naive.py."""
+    if round_kernels_enabled() and use_triton(parents):
+        from .tree_mask import triton as impl
+
+        return impl.conv_gather_table(parents, width)
+    return mask_naive.conv_gather_table(parents, width)
 
 
 def tree_walk(tokens, parents, depths, valid, anc, choices, max_depth):

@@ -57,8 +57,8 @@ set_gemv, gemv_enabled, use_gemv = _gemv.set, _gemv.enabled, _gemv.use
 _pdl = Switch("WORKBENCH_PDL", default=False)
 set_pdl, pdl_enabled, use_pdl = _pdl.set, _pdl.enabled, _pdl.use
 
-# The round's bookkeeping kernels (the ancestor mask and the walk, one launch each instead of ~30
-# small torch launches) wherever Triton runs. WORKBENCH_ROUND_KERNELS=0 keeps their torch references.
+# The round's bookkeeping kernels (the ancestor mask, the conv gather table and the walk, one launch
+# each instead of ~50 small torch launches) wherever Triton runs. WORKBENCH_ROUND_KERNELS=0 keeps their torch references.
 _round_kernels = Switch("WORKBENCH_ROUND_KERNELS")
 set_round_kernels, round_kernels_enabled, use_round_kernels = _round_kernels.set, _round_kernels.enabled, _round_kernels.use
 

@@ -225,7 +225,7 @@ SERIAL = "/serial_host"  # variant suffix: FastEngine(overlap_host=False), the a
 # --twins: variant suffix -> the setting its rows run under (each a switch the other way from its default)
 TWINS = {
     "pdl": lambda: __import__("tree_kernels").use_pdl(True),  # every Triton kernel with programmatic dependent launch
-    "torch_round": lambda: __import__("tree_kernels").use_round_kernels(False),  # the mask and walk as torch ops
+    "torch_round": lambda: __import__("tree_kernels").use_round_kernels(False),  # the mask, conv table and walk as torch ops
 }
 
 
@@ -761,7 +761,7 @@ def main(argv=None) -> dict:
                         "GEMM where that sweep beat cuBLAS, interleaved with cuBLAS")
     p.add_argument("--twins", default=None,
                    help="pairs at T=0: each fork row (AR, DFlash, DDTree) again right after it under each listed setting: "
-                        "pdl (programmatic dependent launch), torch_round (the ancestor mask and walk as torch ops); rows of "
+                        "pdl (programmatic dependent launch), torch_round (the ancestor mask, conv table and walk as torch ops); rows of "
                         "variant <norms>/<twin>, identical_to_ar against the AR row without it")
     p.add_argument("--pdl-variants", action="store_true",
                    help="27B dims: the AR step and verify 17 / 65 with every Triton kernel launched with programmatic "

@@ -416,6 +416,14 @@ def _few_rows_swap_tma_kernel(x_desc, xt_desc, w_desc, B, Y, M, N, K, k_per_spli
                      mask=n_ok[:, None] & t_ok[None, :])
 
 
+def tma_stages(num_stages: int, pdl: dict) -> int:
+    """The TMA swap kernel's pipeline depth: with its first tile peeled for PDL, the peeled tiles hold
+    their own shared-memory buffers, one stage's worth (the 65-row LM-head route at 4 stages would
+    need 266 KB of the H100's 227 KB), so the loop gets one stage fewer and the kernel the shared
+    memory (and occupancy) it has without PDL."""
+    return max(1, num_stages - 1) if pdl.get("USE_GDC") else num_stages
+
+
 def _tma_ready(*tensors: torch.Tensor) -> bool:
     """A TMA descriptor needs 16-byte aligned bases and row strides."""
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors)
@@ -464,9 +472,11 @@ def _few_rows_swap(x, weight, bias, y, split, launch, tma: bool, warp_specialize
         descs = (TensorDescriptor.from_tensor(x, [main, bk]), TensorDescriptor.from_tensor(x, [max(tail, 16), bk]),
                  TensorDescriptor.from_tensor(weight, [launch["BLOCK_N"], bk]))
         out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        pdl = pdl_options(y)
         _few_rows_swap_tma_kernel[grid](*descs, b, out, m, n, k, k_per_split, y.stride(0) if split == 1 else n,
                                         HAS_BIAS=bias is not None and split == 1, PARTIAL=split > 1,
-                                        WARP_SPECIALIZE=bool(warp_specialize), **blocks, **pdl_options(y))
+                                        WARP_SPECIALIZE=bool(warp_specialize),
+                                        **{**blocks, "num_stages": tma_stages(launch["num_stages"], pdl)}, **pdl)
         if split > 1:
             _split_sum_kernel[(triton.cdiv(m * n, 1024),)](out, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, **pdl_options(out))
         return
