@@ -140,3 +140,18 @@ def test_unknown_twins_are_refused_before_any_model_loads(capsys):
     with pytest.raises(SystemExit):
         e2e.main(["--twins", "pdl,warp_drive", "--skip-27b"])
     assert "warp_drive" in capsys.readouterr().err
+
+
+def test_a_joined_twin_sets_each_of_its_switches_and_restores_them():
+    import tree_kernels as tk
+
+    assert e2e.unknown_twins("pdl,pdl+small_gemm,torch_round") == []
+    assert e2e.unknown_twins("pdl+warp_drive") == ["warp_drive"]
+    before = (tk.pdl_enabled(), tk.small_gemm_enabled(), tk.round_kernels_enabled())
+    with e2e.twin_setting("fused_norms/pdl+small_gemm"):
+        assert tk.pdl_enabled() and tk.small_gemm_enabled() and tk.round_kernels_enabled() == before[2]
+    with e2e.twin_setting("fused_norms/torch_round"):
+        assert not tk.round_kernels_enabled() and tk.pdl_enabled() == before[0]
+    with e2e.twin_setting("fused_norms"):
+        assert (tk.pdl_enabled(), tk.small_gemm_enabled(), tk.round_kernels_enabled()) == before
+    assert (tk.pdl_enabled(), tk.small_gemm_enabled(), tk.round_kernels_enabled()) == before

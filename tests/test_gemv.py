@@ -360,3 +360,19 @@ def test_tuned_module_source_round_trips_through_python(tmp_path):
         bench_gemv.tuned_module_source([("x.json", result), ("z.json", result)])
     with pytest.raises(ValueError, match="z.json: no few_rows section"):
         bench_gemv.tuned_module_source([("x.json", result), ("z.json", {"device": "Dev3"})])
+
+
+def test_small_weights_take_the_triton_few_rows_gemm_only_with_the_switch(monkeypatch):
+    calls = []
+    real_few = triton_gemv.gemm_few_rows
+    monkeypatch.setattr(triton_gemv, "gemm_few_rows", lambda *a, **kw: calls.append(a[1].shape) or real_few(*a, **kw))
+    w, x = torch.randn(96, 64).bfloat16(), torch.randn(9, 64).bfloat16()
+    with tk.use_backend("triton"):
+        tk.linear(x, w)
+        assert calls == []  # off by default: cuBLAS (F.linear)
+        with tk.use_small_gemm(True):
+            got = tk.linear(x, w)
+            assert calls == [w.shape]
+            assert triton_gemv.few_rows_config_for(torch.empty(triton_gemv.SMALL_WEIGHT_MAX + 1, 1), 9) != \
+                {**triton_gemv.FEW_ROWS_CONFIG, **triton_gemv.SMALL_WEIGHT_ROUTE}  # a big weight keeps its route
+    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2)

@@ -14,8 +14,9 @@ import os
 import torch
 
 from .backend import (Switch, fused_norms_enabled, gemv_enabled, get_backend, pdl_enabled, round_kernels_enabled,
-                      set_backend, set_fused_norms, set_gemv, set_pdl, set_round_kernels, triton_available, use_backend,
-                      use_fused_norms, use_gemv, use_pdl, use_round_kernels, use_triton)
+                      set_backend, set_fused_norms, set_gemv, set_pdl, set_round_kernels, set_small_gemm,
+                      small_gemm_enabled, triton_available, use_backend, use_fused_norms, use_gemv, use_pdl,
+                      use_round_kernels, use_small_gemm, use_triton)
 from .tree_attention import naive as attention_naive
 from .tree_build import naive as build_naive
 from .tree_conv import naive as conv_naive
@@ -71,6 +72,9 @@ __all__ = [
     "round_kernels_enabled",
     "set_round_kernels",
     "use_round_kernels",
+    "small_gemm_enabled",
+    "set_small_gemm",
+    "use_small_gemm",
 ]
 
 

@@ -63,6 +63,14 @@ _round_kernels = Switch("WORKBENCH_ROUND_KERNELS")
 set_round_kernels, round_kernels_enabled, use_round_kernels = _round_kernels.set, _round_kernels.enabled, _round_kernels.use
 
 
+# Half-precision GEMMs of 2+ rows through small weights (a tiny model's verify and draft: launch-bound,
+# not bandwidth-bound) through the Triton few-rows kernel instead of cuBLAS, so that under PDL the
+# layer's kernels chain without a cuBLAS launch between them. Off until a device run measures it:
+# WORKBENCH_SMALL_GEMM_TRITON=1 or set_small_gemm(True).
+_small_gemm = Switch("WORKBENCH_SMALL_GEMM_TRITON", default=False)
+set_small_gemm, small_gemm_enabled, use_small_gemm = _small_gemm.set, _small_gemm.enabled, _small_gemm.use
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

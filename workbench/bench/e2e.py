@@ -226,13 +226,24 @@ SERIAL = "/serial_host"  # variant suffix: FastEngine(overlap_host=False), the a
 TWINS = {
     "pdl": lambda: __import__("tree_kernels").use_pdl(True),  # every Triton kernel with programmatic dependent launch
     "torch_round": lambda: __import__("tree_kernels").use_round_kernels(False),  # the mask, conv table and walk as torch ops
+    "small_gemm": lambda: __import__("tree_kernels").use_small_gemm(True),  # small weights' GEMMs through Triton
 }
 
 
+def unknown_twins(names: str | None) -> list[str]:
+    """The parts of a --twins list (comma-separated; a twin may join settings with '+') not in TWINS."""
+    return [part for twin in (names or "").split(",") if twin for part in twin.split("+") if part not in TWINS]
+
+
 def twin_setting(variant: str):
-    """The context a pairs row of ``variant`` runs in: its twin's setting (…/pdl, …/torch_round), else none."""
-    name = variant.rsplit("/", 1)[-1] if "/" in variant else None
-    return TWINS[name]() if name in TWINS else contextlib.nullcontext()
+    """The context a pairs row of ``variant`` runs in: its twin's settings (…/pdl, …/pdl+small_gemm), else none."""
+    stack = contextlib.ExitStack()
+    name = variant.rsplit("/", 1)[-1] if "/" in variant else ""
+    parts = name.split("+") if name else []
+    if all(part in TWINS for part in parts):
+        for part in parts:
+            stack.enter_context(TWINS[part]())
+    return stack
 
 
 def bench_pair(name, drafter_name, prompts, args, device) -> dict:
@@ -761,7 +772,8 @@ def main(argv=None) -> dict:
                         "GEMM where that sweep beat cuBLAS, interleaved with cuBLAS")
     p.add_argument("--twins", default=None,
                    help="pairs at T=0: each fork row (AR, DFlash, DDTree) again right after it under each listed setting: "
-                        "pdl (programmatic dependent launch), torch_round (the ancestor mask, conv table and walk as torch ops); rows of "
+                        "pdl (programmatic dependent launch), torch_round (the ancestor mask, conv table and walk as torch ops), small_gemm "
+                        "(small weights' GEMMs through the Triton few-rows kernel), or settings joined by +; rows of "
                         "variant <norms>/<twin>, identical_to_ar against the AR row without it")
     p.add_argument("--pdl-variants", action="store_true",
                    help="27B dims: the AR step and verify 17 / 65 with every Triton kernel launched with programmatic "
@@ -775,7 +787,7 @@ def main(argv=None) -> dict:
     args.budgets_27b = [int(b) for b in args.budgets_27b.split(",")]
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     args.t1_budgets = [int(b) for b in args.t1_budgets.split(",")] if args.t1_budgets else None
-    unknown = [t for t in (args.twins or "").split(",") if t and t not in TWINS]
+    unknown = unknown_twins(args.twins)
     if unknown:
         p.error(f"--twins: unknown setting(s) {unknown}; known: {sorted(TWINS)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

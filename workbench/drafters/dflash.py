@@ -21,7 +21,7 @@ from torch import nn
 from tree_kernels.static import tree_attention_static
 
 from ..models.checkpoint import check_against, group_expert_keys, load_into, read_headers, save_tensors, write_json
-from ..models.common import MLP, KVCache, PackableModel, PackedModule, RMSNorm, Rotary, apply_rotary
+from ..models.common import MLP, KVCache, Linear, PackableModel, PackedModule, RMSNorm, Rotary, apply_rotary
 from ..models.config import ConfigError, RopeConfig, _rope_from
 from ..tree import Draft
 
@@ -140,10 +140,10 @@ class DFlashAttention(PackedModule):
         h, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.heads, self.kv_heads, self.head_dim = h, kv, d
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, h * d, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv * d, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv * d, bias=bias)
-        self.o_proj = nn.Linear(h * d, config.hidden_size, bias=bias)
+        self.q_proj = Linear(config.hidden_size, h * d, bias=bias)
+        self.k_proj = Linear(config.hidden_size, kv * d, bias=bias)
+        self.v_proj = Linear(config.hidden_size, kv * d, bias=bias)
+        self.o_proj = Linear(h * d, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(d, config.rms_norm_eps, zero_centered=False)
         self.k_norm = RMSNorm(d, config.rms_norm_eps, zero_centered=False)
         sliding = config.layer_types[layer] == "sliding_attention"
@@ -234,7 +234,7 @@ class DFlashDraftModel(PackableModel):
         h = config.hidden_size
         self.layers = nn.ModuleList([DFlashLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(h, config.rms_norm_eps, zero_centered=False)
-        self.fc = nn.Linear(len(config.target_layer_ids) * h, h, bias=False)
+        self.fc = Linear(len(config.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, config.rms_norm_eps, zero_centered=False)
         self.reset_rotary()
 

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backend import small_gemm_enabled
 from .._pdl import pdl_enter, pdl_options
 from . import few_rows_tuned as _committed_routes
 from .naive import check_linear_inputs
@@ -186,10 +187,19 @@ def use_few_rows(max_rows: int):
         FEW_ROWS_MAX = old
 
 
+# small weights (tree_kernels.use_small_gemm): a tiny model's layers, where a GEMM is a launch and a
+# few tiles, not a weight read; the "swap" layout puts the weight's rows on the MMA's M side
+SMALL_WEIGHT_MAX = 1 << 22  # elements (8 MB in bf16)
+SMALL_WEIGHT_ROUTE = {"LAYOUT": "swap", "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "SPLIT_K": 1}
+
+
 def few_rows_config_for(weight: torch.Tensor, m: int) -> dict | None:
-    """The config for m rows through this weight: with FEW_ROWS_TUNED empty, FEW_ROWS_CONFIG; else the
-    route for this shape at the smallest swept M >= m on this device, or None (not swept here, or
-    cuBLAS won there: the caller keeps cuBLAS)."""
+    """The config for m rows through this weight: SMALL_WEIGHT_ROUTE for a small weight with the
+    small-GEMM switch on; with FEW_ROWS_TUNED empty, FEW_ROWS_CONFIG; else the route for this shape at
+    the smallest swept M >= m on this device, or None (not swept here, or cuBLAS won there: the
+    caller keeps cuBLAS)."""
+    if small_gemm_enabled() and weight.numel() <= SMALL_WEIGHT_MAX:
+        return {**FEW_ROWS_CONFIG, **SMALL_WEIGHT_ROUTE}
     if not FEW_ROWS_TUNED:
         return FEW_ROWS_CONFIG
     if weight.is_cuda:
