@@ -482,11 +482,11 @@ def _few_rows_swap(x, weight, bias, y, split, launch, tma: bool, warp_specialize
         descs = (TensorDescriptor.from_tensor(x, [main, bk]), TensorDescriptor.from_tensor(x, [max(tail, 16), bk]),
                  TensorDescriptor.from_tensor(weight, [launch["BLOCK_N"], bk]))
         out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-        pdl = pdl_options(y)
+        stages = tma_stages(launch["num_stages"], pdl_options(y))
         _few_rows_swap_tma_kernel[grid](*descs, b, out, m, n, k, k_per_split, y.stride(0) if split == 1 else n,
                                         HAS_BIAS=bias is not None and split == 1, PARTIAL=split > 1,
-                                        WARP_SPECIALIZE=bool(warp_specialize),
-                                        **{**blocks, "num_stages": tma_stages(launch["num_stages"], pdl)}, **pdl)
+                                        WARP_SPECIALIZE=bool(warp_specialize), **{**blocks, "num_stages": stages},
+                                        **pdl_options(y))
         if split > 1:
             _split_sum_kernel[(triton.cdiv(m * n, 1024),)](out, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, **pdl_options(out))
         return
