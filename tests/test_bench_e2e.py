@@ -101,35 +101,46 @@ def test_gdn_variants_set_and_restore_the_blocked_solve():
 
 
 def test_pdl_variants_time_each_setting_with_the_switch_set_and_restore_it():
-    """--pdl-variants: the AR step and the verify 17 / 65 built and timed with PDL off, on, off, on
-    (the switch as each label says while its engines are built and timed, restored afterwards),
-    each "on" over the "off" before it and each verify over its own AR step."""
+    """--pdl-variants: the AR step and the verify 17 / 65 built and timed under each PDL setting
+    (off, on with the default exemption, on for all, on but the GEMMs), twice interleaved; the switch
+    and the exempt groups as each label says while its engines are built and timed, restored
+    afterwards; each "on*" over the "off" of its round and each verify over its own AR step."""
     import tree_kernels as tk
 
-    from workbench.bench.e2e import PDL_ORDER, pdl_variants
+    from workbench.bench.e2e import PDL_ORDER, PDL_SETTINGS, pdl_variants
 
     built = []
 
     class Engine:
         def __init__(self, method, budget):
-            self.method, self.budget, self.pdl = method, budget, tk.pdl_enabled()
+            self.method, self.budget = method, budget
+            self.setting = (tk.pdl_enabled(), tk.pdl_exempt())
             built.append(self)
 
         def _round_step(self):
             pass
 
-    def time_step(eng, name, fn):
-        assert tk.pdl_enabled() == eng.pdl and name == "round"
-        base = 10.0 if eng.method == "ar" else 12.0 + eng.budget / 64
-        return base * (0.9 if eng.pdl else 1.0)
+    speed = {(False, frozenset({"tma"})): 1.0, (True, frozenset({"tma"})): 0.9, (True, frozenset()): 0.95,
+             (True, frozenset({"gemm"})): 0.8}
 
-    before = tk.pdl_enabled()
+    def time_step(eng, name, fn):
+        assert (tk.pdl_enabled(), tk.pdl_exempt()) == eng.setting and name == "round"
+        base = 10.0 if eng.method == "ar" else 12.0 + eng.budget / 64
+        return base * speed[eng.setting]
+
+    before = (tk.pdl_enabled(), tk.pdl_exempt())
     got = pdl_variants([16, 32, 64], Engine, time_step, floor_ms=8.0)
-    assert tk.pdl_enabled() == before and "error" not in got
-    assert [(e.method, e.budget, e.pdl) for e in built] == [
-        (m, b, label.startswith("on")) for label in PDL_ORDER for m, b in (("ar", 1), ("ddtree", 16), ("ddtree", 64))]
+    assert (tk.pdl_enabled(), tk.pdl_exempt()) == before and "error" not in got
+    assert len(PDL_ORDER) == 2 * len(PDL_SETTINGS) and PDL_ORDER[0] == "off" and PDL_ORDER[-1] == "on_no_gemm_again"
+    expected = []
+    for label in PDL_ORDER:
+        on, exempt = PDL_SETTINGS[label.removesuffix("_again")]
+        expected += [(m, b, (on, frozenset(filter(None, exempt.split(","))))) for m, b in (("ar", 1), ("ddtree", 16), ("ddtree", 64))]
+    assert [(e.method, e.budget, e.setting) for e in built] == expected
     assert got["on"]["ar_step_ms"] == 9.0 and got["off"]["verify_65_fork_ms"] == 13.0
     assert abs(got["on_over_off"]["verify_17_fork_ms"] - 0.9) < 1e-12 and abs(got["off"]["ar_step_over_floor"] - 1.25) < 1e-12
+    assert abs(got["on_all_again_over_off_again"]["ar_step_ms"] - 0.95) < 1e-12
+    assert abs(got["on_no_gemm_over_off"]["verify_65_fork_ms"] - 0.8) < 1e-12
     assert abs(got["off_again"]["verify_65_over_ar"] - 1.3) < 1e-12 and set(got["on_again_over_off_again"]) == {
         "ar_step_ms", "verify_17_fork_ms", "verify_65_fork_ms"}
 

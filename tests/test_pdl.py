@@ -82,6 +82,44 @@ def test_pdl_options_follow_the_switch():
     assert not pdl.pdl_capable(torch.device("cpu"))
 
 
+def test_an_exempt_group_launches_without_pdl_while_it_is_on():
+    """The per-kernel choice: a launch in an exempt group (backend.PDL_GROUPS) gets no PDL keywords
+    while the switch is on, others do; the TMA GEMM's stages follow what its launch gets; an unknown
+    group is refused by name, from the environment variable's parser too."""
+    x = torch.zeros(1)
+    on = {"USE_GDC": True} if pdl.INTERPRETED else {}
+    with tk.use_pdl(True):
+        with tk.use_pdl_exempt("tma"):
+            assert pdl.pdl_options(x, ("gemm", "tma")) == {} and pdl.pdl_options(x, ("gemm",)) == on
+            assert gemv_triton.tma_stages(4, pdl.pdl_options(x, gemv_triton.TMA_GEMM)) == 4
+        with tk.use_pdl_exempt(["gemm"]):
+            assert pdl.pdl_options(x, ("gemm", "tma")) == {} and pdl.pdl_options(x, ("gemm",)) == {}
+            assert pdl.pdl_options(x) == on
+        with tk.use_pdl_exempt(""):
+            assert pdl.pdl_options(x, ("gemm", "tma")) == on
+            if pdl.INTERPRETED:
+                assert gemv_triton.tma_stages(4, pdl.pdl_options(x, gemv_triton.TMA_GEMM)) == 3
+    with pytest.raises(ValueError, match="'mlp'"):
+        tk.set_pdl_exempt("tma,mlp")
+    with pytest.raises(ValueError, match="'conv'"):
+        pdl.pdl_options(x, ("conv",))
+    assert tk.pdl_exempt() == frozenset({"tma"})  # the default, restored by every block above
+
+
+@pytest.mark.parametrize("exempt", ["tma", "gemm", ""])
+def test_the_few_rows_routes_give_the_same_bits_whichever_groups_are_exempt(exempt):
+    """A GEMM launched without PDL between kernels launched with it: same bits as everything off."""
+    g = torch.Generator().manual_seed(7)
+    x, w, b = torch.randn(33, 208, generator=g), torch.randn(70, 208, generator=g), torch.randn(70, generator=g)
+    cfgs = [{"LAYOUT": "swap_tma", "SPLIT_K": 3, "BLOCK_K": 32}, {"LAYOUT": "swap", "BLOCK_K": 64}, {"LAYOUT": "rows"}]
+    with tk.use_pdl(False):
+        off = [gemv_triton.gemm_few_rows(x, w, b, c) for c in cfgs] + [gemv_triton.gemv(x[:1], w, b)]
+    with tk.use_pdl(True), tk.use_pdl_exempt(exempt):
+        on = [gemv_triton.gemm_few_rows(x, w, b, c) for c in cfgs] + [gemv_triton.gemv(x[:1], w, b)]
+    for a, c in zip(off, on):
+        assert torch.equal(a, c)
+
+
 @pytest.mark.parametrize("n, k, config", [(37, 300, {}), (64, 1000, {"SPLIT_K": 3, "BLOCK_K": 128}),
                                           (5, 77, {"BLOCK_N": 4, "BLOCK_K": 32, "SPLIT_K": 2}), (8, 16, {"BLOCK_K": 32})])
 def test_the_gemv_with_its_first_tile_peeled_gives_the_same_bits(n, k, config):

@@ -13,10 +13,10 @@ import os
 
 import torch
 
-from .backend import (Switch, fused_norms_enabled, gemv_enabled, get_backend, pdl_enabled, round_kernels_enabled,
+from .backend import (PDL_GROUPS, Switch, fused_norms_enabled, gemv_enabled, get_backend, pdl_enabled, round_kernels_enabled,
                       set_backend, set_fused_norms, set_gemv, set_pdl, set_round_kernels, set_small_gemm,
                       small_gemm_enabled, triton_available, use_backend, use_fused_norms, use_gemv, use_pdl,
-                      use_round_kernels, use_small_gemm, use_triton)
+                      use_round_kernels, use_small_gemm, use_triton, pdl_exempt, set_pdl_exempt, use_pdl_exempt)
 from .tree_attention import naive as attention_naive
 from .tree_build import naive as build_naive
 from .tree_conv import naive as conv_naive
@@ -69,6 +69,10 @@ __all__ = [
     "pdl_enabled",
     "set_pdl",
     "use_pdl",
+    "PDL_GROUPS",
+    "pdl_exempt",
+    "set_pdl_exempt",
+    "use_pdl_exempt",
     "round_kernels_enabled",
     "set_round_kernels",
     "use_round_kernels",

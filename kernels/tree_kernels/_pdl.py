@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import pdl_enabled
+from .backend import PDL_GROUPS, pdl_enabled, pdl_exempt
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _CAPABLE: dict = {}
@@ -58,11 +58,16 @@ def pdl_capable(device: torch.device) -> bool:
     return _CAPABLE[key]
 
 
-def pdl_options(x: torch.Tensor) -> dict:
+def pdl_options(x: torch.Tensor, groups: tuple = ()) -> dict:
     """Launch keywords for a kernel with a ``USE_GDC`` constexpr working on ``x``'s device: PDL on
-    where the switch is on and the device has it; under the interpreter the same kernel code
-    without the launch attribute; otherwise nothing (the kernel's default, USE_GDC False)."""
-    if not pdl_enabled():
+    where the switch is on, the device has it and none of the kernel's ``groups`` (backend.PDL_GROUPS)
+    is exempt; under the interpreter the same kernel code without the launch attribute; otherwise
+    nothing (the kernel's default, USE_GDC False: it waits for the kernels before it to finish, and
+    the kernel after it waits for it)."""
+    for group in groups:
+        if group not in PDL_GROUPS:
+            raise ValueError(f"pdl_options: unknown PDL group {group!r}; known: {list(PDL_GROUPS)}")
+    if not pdl_enabled() or any(group in pdl_exempt() for group in groups):
         return {}
     if INTERPRETED:
         return {"USE_GDC": True}

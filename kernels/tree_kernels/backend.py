@@ -57,6 +57,45 @@ set_gemv, gemv_enabled, use_gemv = _gemv.set, _gemv.enabled, _gemv.use
 _pdl = Switch("WORKBENCH_PDL", default=False)
 set_pdl, pdl_enabled, use_pdl = _pdl.set, _pdl.enabled, _pdl.use
 
+# Kernel groups launched without PDL while it is on (a per-kernel choice): "tma", the TMA few-rows
+# GEMM, whose peeled first tile costs it a pipeline stage of shared memory under PDL
+# (gemv.triton.tma_stages); "gemm", every weight-streaming GEMM (the GEMV and the few-rows kernels,
+# the TMA one included). WORKBENCH_PDL_EXEMPT is a comma list of them ("" for none); the default
+# exempts "tma", which slowed the 27B verify by a stage (H100, 2026-12-07 18:04).
+PDL_GROUPS = ("tma", "gemm")
+
+
+def _parse_pdl_groups(groups, where: str) -> frozenset:
+    names = [g.strip() for g in (groups.split(",") if isinstance(groups, str) else groups) if g.strip()]
+    unknown = sorted(set(names) - set(PDL_GROUPS))
+    if unknown:
+        raise ValueError(f"{where}: unknown PDL group(s) {unknown}; known: {list(PDL_GROUPS)}")
+    return frozenset(names)
+
+
+_pdl_exempt = _parse_pdl_groups(os.environ.get("WORKBENCH_PDL_EXEMPT", "tma"), "WORKBENCH_PDL_EXEMPT")
+
+
+def pdl_exempt() -> frozenset:
+    """The kernel groups that launch without PDL even while it is on."""
+    return _pdl_exempt
+
+
+def set_pdl_exempt(groups) -> None:
+    """Launch these kernel groups (a comma string or an iterable of PDL_GROUPS) without PDL."""
+    global _pdl_exempt
+    _pdl_exempt = _parse_pdl_groups(groups, "set_pdl_exempt")
+
+
+@contextlib.contextmanager
+def use_pdl_exempt(groups):
+    global _pdl_exempt
+    old, _pdl_exempt = _pdl_exempt, _parse_pdl_groups(groups, "use_pdl_exempt")
+    try:
+        yield
+    finally:
+        _pdl_exempt = old
+
 # The round's bookkeeping kernels (the ancestor mask, the conv gather table and the walk, one launch
 # each instead of ~50 small torch launches) wherever Triton runs. WORKBENCH_ROUND_KERNELS=0 keeps their torch references.
 _round_kernels = Switch("WORKBENCH_ROUND_KERNELS")

@@ -108,21 +108,28 @@ def prefetch_variants() -> tuple:
             ("l2_32mb_evict_normal", lambda: l2_prefetch_setting(True, 32 * mb, False)))
 
 
-PDL_ORDER = ("off", "on", "off_again", "on_again")  # twice each, interleaved: drift shows as off vs off_again
+# label -> (PDL on, the kernel groups launched without it: tree_kernels.PDL_GROUPS); each setting
+# twice, interleaved, so drift shows as off vs off_again
+PDL_SETTINGS = {"off": (False, "tma"), "on": (True, "tma"), "on_all": (True, ""), "on_no_gemm": (True, "gemm")}
+PDL_ORDER = (*PDL_SETTINGS, *(f"{label}_again" for label in PDL_SETTINGS))
 
 
 def pdl_variants(budgets, engine_for, time_step, floor_ms: float) -> dict:
     """The AR step and the verify of 17 and 65 tokens (fork; those of ``budgets`` + 1 among them) with
-    every Triton kernel launched with PDL (tree_kernels._pdl) and without, in PDL_ORDER; each "on"
-    over the "off" just before it, and the verify over the AR step of its own setting. Errors are
-    reported in the result: the default numbers stand."""
+    the Triton kernels launched with PDL (tree_kernels._pdl) and without, in PDL_ORDER: "on" with the
+    default exemption (the TMA few-rows GEMM launched without PDL, at its full pipeline depth),
+    "on_all" every kernel, "on_no_gemm" every kernel but the weight-streaming GEMMs. Each "on*" over
+    the "off" of its round, and the verify over the AR step of its own setting. Errors are reported
+    in the result: the default numbers stand."""
     import tree_kernels as tk
 
-    got: dict = {"order": list(PDL_ORDER), "default_on": tk.pdl_enabled()}
+    got: dict = {"order": list(PDL_ORDER), "default_on": tk.pdl_enabled(), "default_exempt": sorted(tk.pdl_exempt()),
+                 "settings": {k: {"pdl": on, "exempt": exempt} for k, (on, exempt) in PDL_SETTINGS.items()}}
     verify_budgets = [b for b in (16, 64) if b in budgets]
     try:
         for label in PDL_ORDER:
-            with tk.use_pdl(label.startswith("on")):
+            on, exempt = PDL_SETTINGS[label.removesuffix("_again")]
+            with tk.use_pdl(on), tk.use_pdl_exempt(exempt):
                 row: dict = {}
                 for method, budget in (("ar", 1), *(("ddtree", b) for b in verify_budgets)):
                     eng = engine_for(method, budget)
@@ -135,9 +142,14 @@ def pdl_variants(budgets, engine_for, time_step, floor_ms: float) -> dict:
                     row[f"verify_{b + 1}_over_ar"] = row[f"verify_{b + 1}_fork_ms"] / row["ar_step_ms"]
                 got[label] = row
                 log(f"27B dims, PDL {label}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
-        for on, off in (("on", "off"), ("on_again", "off_again")):
-            got[f"{on}_over_{off}"] = {k: got[on][k] / got[off][k] for k in got[on] if k.endswith("_ms")}
-            log(f"27B dims, PDL {on} / {off}: " + ", ".join(f"{k} {v:.3f}x" for k, v in got[f"{on}_over_{off}"].items()))
+        for suffix in ("", "_again"):
+            off = "off" + suffix
+            for label in PDL_SETTINGS:
+                if label == "off":
+                    continue
+                on = label + suffix
+                got[f"{on}_over_{off}"] = {k: got[on][k] / got[off][k] for k in got[on] if k.endswith("_ms")}
+                log(f"27B dims, PDL {on} / {off}: " + ", ".join(f"{k} {v:.3f}x" for k, v in got[f"{on}_over_{off}"].items()))
     except Exception as exc:
         got["error"] = repr(exc)[:2000]
         log(f"27B dims, PDL variants failed: {exc!r}"[:500])
@@ -224,10 +236,19 @@ def norm_variants(device) -> tuple[str, str]:
 SERIAL = "/serial_host"  # variant suffix: FastEngine(overlap_host=False), the ablation of queueing ahead
 # --twins: variant suffix -> the setting its rows run under (each a switch the other way from its default)
 TWINS = {
-    "pdl": lambda: __import__("tree_kernels").use_pdl(True),  # every Triton kernel with programmatic dependent launch
+    "pdl": lambda: __import__("tree_kernels").use_pdl(True),  # the Triton kernels with programmatic dependent launch
+    "pdl_all": lambda: _pdl_all(),  # with PDL for every kernel, the TMA few-rows GEMM included
     "torch_round": lambda: __import__("tree_kernels").use_round_kernels(False),  # the mask, conv table and walk as torch ops
     "small_gemm": lambda: __import__("tree_kernels").use_small_gemm(True),  # small weights' GEMMs through Triton
 }
+
+
+@contextlib.contextmanager
+def _pdl_all():
+    import tree_kernels as tk
+
+    with tk.use_pdl(True), tk.use_pdl_exempt(""):
+        yield
 
 
 def unknown_twins(names: str | None) -> list[str]:

@@ -18,6 +18,10 @@ import triton.language as tl
 
 from ..backend import small_gemm_enabled
 from .._pdl import pdl_enter, pdl_options
+
+# the PDL groups (backend.PDL_GROUPS) of the weight-streaming kernels' launches
+GEMM = ("gemm",)
+TMA_GEMM = ("gemm", "tma")
 from . import few_rows_tuned as _committed_routes
 from .naive import check_linear_inputs
 
@@ -120,11 +124,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     launch = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split == 1:
         _gemv_kernel[(triton.cdiv(n, bn), 1)](x, weight, b, y, n, k, k_per_split, weight.stride(0),
-                                              HAS_BIAS=bias is not None, PARTIAL=False, **launch, **pdl_options(x))
+                                              HAS_BIAS=bias is not None, PARTIAL=False, **launch, **pdl_options(x, GEMM))
         return y
     partial = torch.empty(split, n, dtype=torch.float32, device=x.device)
     _gemv_kernel[(triton.cdiv(n, bn), split)](x, weight, b, partial, n, k, k_per_split, weight.stride(0),
-                                              HAS_BIAS=False, PARTIAL=True, **launch, **pdl_options(x))
+                                              HAS_BIAS=False, PARTIAL=True, **launch, **pdl_options(x, GEMM))
     _split_sum_kernel[(triton.cdiv(n, 1024),)](partial, b, y, n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, **pdl_options(partial))
     return y
 
@@ -456,7 +460,7 @@ def gemm_few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         bm = min(max(16, 1 << (m - 1).bit_length()), cfg["MAX_BLOCK_M"])  # tl.dot wants >= 16 rows
         _few_rows_kernel[(triton.cdiv(m, bm), triton.cdiv(n, cfg["BLOCK_N"]))](
             x, weight, bias if bias is not None else y, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-            HAS_BIAS=bias is not None, DOT_FP32=_INTERPRETED, BLOCK_M=bm, **launch, **pdl_options(x))
+            HAS_BIAS=bias is not None, DOT_FP32=_INTERPRETED, BLOCK_M=bm, **launch, **pdl_options(x, GEMM))
         return y
     chunk = SWAP_MAX_MAIN + SWAP_MAX_MAIN // 4  # 257 rows (a budget of 256 + the root) stay one launch
     for r0 in range(0, m, chunk):
@@ -482,19 +486,19 @@ def _few_rows_swap(x, weight, bias, y, split, launch, tma: bool, warp_specialize
         descs = (TensorDescriptor.from_tensor(x, [main, bk]), TensorDescriptor.from_tensor(x, [max(tail, 16), bk]),
                  TensorDescriptor.from_tensor(weight, [launch["BLOCK_N"], bk]))
         out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-        stages = tma_stages(launch["num_stages"], pdl_options(y))
+        stages = tma_stages(launch["num_stages"], pdl_options(y, TMA_GEMM))
         _few_rows_swap_tma_kernel[grid](*descs, b, out, m, n, k, k_per_split, y.stride(0) if split == 1 else n,
                                         HAS_BIAS=bias is not None and split == 1, PARTIAL=split > 1,
                                         WARP_SPECIALIZE=bool(warp_specialize), **{**blocks, "num_stages": stages},
-                                        **pdl_options(y))
+                                        **pdl_options(y, TMA_GEMM))
         if split > 1:
             _split_sum_kernel[(triton.cdiv(m * n, 1024),)](out, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, **pdl_options(out))
         return
     if split == 1:
         _few_rows_swap_kernel[grid](x, weight, b, y, m, n, k, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
-                                    HAS_BIAS=bias is not None, PARTIAL=False, **blocks, **pdl_options(x))
+                                    HAS_BIAS=bias is not None, PARTIAL=False, **blocks, **pdl_options(x, GEMM))
         return
     partial = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _few_rows_swap_kernel[grid](x, weight, b, partial, m, n, k, k_per_split, x.stride(0), weight.stride(0), n,
-                                HAS_BIAS=False, PARTIAL=True, **blocks, **pdl_options(x))
+                                HAS_BIAS=False, PARTIAL=True, **blocks, **pdl_options(x, GEMM))
     _split_sum_kernel[(triton.cdiv(m * n, 1024),)](partial, b, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=1024, **pdl_options(partial))
