@@ -95,6 +95,9 @@ def test_an_exempt_group_launches_without_pdl_while_it_is_on():
         with tk.use_pdl_exempt(["gemm"]):
             assert pdl.pdl_options(x, ("gemm", "tma")) == {} and pdl.pdl_options(x, ("gemm",)) == {}
             assert pdl.pdl_options(x) == on
+        with tk.use_pdl_exempt("tma,rest"):  # the GEMMs only
+            assert pdl.pdl_options(x) == {} and pdl.pdl_options(x, ("rest",)) == {}
+            assert pdl.pdl_options(x, ("gemm",)) == on and pdl.pdl_options(x, ("gemm", "tma")) == {}
         with tk.use_pdl_exempt(""):
             assert pdl.pdl_options(x, ("gemm", "tma")) == on
             if pdl.INTERPRETED:
@@ -106,7 +109,7 @@ def test_an_exempt_group_launches_without_pdl_while_it_is_on():
     assert tk.pdl_exempt() == frozenset({"tma"})  # the default, restored by every block above
 
 
-@pytest.mark.parametrize("exempt", ["tma", "gemm", ""])
+@pytest.mark.parametrize("exempt", ["tma", "gemm", "", "tma,rest"])
 def test_the_few_rows_routes_give_the_same_bits_whichever_groups_are_exempt(exempt):
     """A GEMM launched without PDL between kernels launched with it: same bits as everything off."""
     g = torch.Generator().manual_seed(7)

@@ -60,10 +60,11 @@ def pdl_capable(device: torch.device) -> bool:
 
 def pdl_options(x: torch.Tensor, groups: tuple = ()) -> dict:
     """Launch keywords for a kernel with a ``USE_GDC`` constexpr working on ``x``'s device: PDL on
-    where the switch is on, the device has it and none of the kernel's ``groups`` (backend.PDL_GROUPS)
-    is exempt; under the interpreter the same kernel code without the launch attribute; otherwise
+    where the switch is on, the device has it and none of the kernel's ``groups`` (backend.PDL_GROUPS;
+    none named: "rest") is exempt; under the interpreter the same kernel code without the launch attribute; otherwise
     nothing (the kernel's default, USE_GDC False: it waits for the kernels before it to finish, and
     the kernel after it waits for it)."""
+    groups = groups or ("rest",)  # a launch that names no group is one of the rest
     for group in groups:
         if group not in PDL_GROUPS:
             raise ValueError(f"pdl_options: unknown PDL group {group!r}; known: {list(PDL_GROUPS)}")

@@ -60,9 +60,10 @@ set_pdl, pdl_enabled, use_pdl = _pdl.set, _pdl.enabled, _pdl.use
 # Kernel groups launched without PDL while it is on (a per-kernel choice): "tma", the TMA few-rows
 # GEMM, whose peeled first tile costs it a pipeline stage of shared memory under PDL
 # (gemv.triton.tma_stages); "gemm", every weight-streaming GEMM (the GEMV and the few-rows kernels,
-# the TMA one included). WORKBENCH_PDL_EXEMPT is a comma list of them ("" for none); the default
-# exempts "tma", which slowed the 27B verify by a stage (H100, 2026-12-07 18:04).
-PDL_GROUPS = ("tma", "gemm")
+# the TMA one included); "rest", every other kernel (norms, tree kernels, commits, split-K sums).
+# WORKBENCH_PDL_EXEMPT is a comma list of them ("" for none); the default exempts "tma", which
+# slowed the 27B verify by a stage (H100, 2026-12-07 18:04 and 21:05).
+PDL_GROUPS = ("tma", "gemm", "rest")
 
 
 def _parse_pdl_groups(groups, where: str) -> frozenset:

@@ -110,7 +110,7 @@ def prefetch_variants() -> tuple:
 
 # label -> (PDL on, the kernel groups launched without it: tree_kernels.PDL_GROUPS); each setting
 # twice, interleaved, so drift shows as off vs off_again
-PDL_SETTINGS = {"off": (False, "tma"), "on": (True, "tma"), "on_all": (True, ""), "on_no_gemm": (True, "gemm")}
+PDL_SETTINGS = {"off": (False, "tma"), "on": (True, "tma"), "on_gemm_only": (True, "tma,rest"), "on_all": (True, "")}
 PDL_ORDER = (*PDL_SETTINGS, *(f"{label}_again" for label in PDL_SETTINGS))
 
 
@@ -118,7 +118,8 @@ def pdl_variants(budgets, engine_for, time_step, floor_ms: float) -> dict:
     """The AR step and the verify of 17 and 65 tokens (fork; those of ``budgets`` + 1 among them) with
     the Triton kernels launched with PDL (tree_kernels._pdl) and without, in PDL_ORDER: "on" with the
     default exemption (the TMA few-rows GEMM launched without PDL, at its full pipeline depth),
-    "on_all" every kernel, "on_no_gemm" every kernel but the weight-streaming GEMMs. Each "on*" over
+    "on_gemm_only" only the GEMV and the pointer-load few-rows GEMMs (the rest without), "on_all" every
+    kernel. Each "on*" over
     the "off" of its round, and the verify over the AR step of its own setting. Errors are reported
     in the result: the default numbers stand."""
     import tree_kernels as tk
@@ -237,17 +238,18 @@ SERIAL = "/serial_host"  # variant suffix: FastEngine(overlap_host=False), the a
 # --twins: variant suffix -> the setting its rows run under (each a switch the other way from its default)
 TWINS = {
     "pdl": lambda: __import__("tree_kernels").use_pdl(True),  # the Triton kernels with programmatic dependent launch
-    "pdl_all": lambda: _pdl_all(),  # with PDL for every kernel, the TMA few-rows GEMM included
+    "pdl_all": lambda: _pdl_exempting(""),  # with PDL for every kernel, the TMA few-rows GEMM included
+    "pdl_gemm": lambda: _pdl_exempting("tma,rest"),  # with PDL for the GEMV and few-rows GEMMs only
     "torch_round": lambda: __import__("tree_kernels").use_round_kernels(False),  # the mask, conv table and walk as torch ops
     "small_gemm": lambda: __import__("tree_kernels").use_small_gemm(True),  # small weights' GEMMs through Triton
 }
 
 
 @contextlib.contextmanager
-def _pdl_all():
+def _pdl_exempting(groups: str):
     import tree_kernels as tk
 
-    with tk.use_pdl(True), tk.use_pdl_exempt(""):
+    with tk.use_pdl(True), tk.use_pdl_exempt(groups):
         yield
 
 
