@@ -45,10 +45,10 @@ if [[ "$part" == l2 ]]; then
 fi
 if [[ "$part" == pdl ]]; then
   # programmatic dependent launch of the Triton kernels: the 27B AR step and verify 17 / 65 without it, with it
-  # (the TMA few-rows GEMM exempt, the default), with it for every kernel, and with it but for the GEMMs, each twice
-  # interleaved; then both pairs' fork rows at T = 0, each followed by its twins: with PDL, and with the round's
-  # ancestor mask, conv gather table and walk as torch ops (the one-launch kernels off)
+  # (the TMA few-rows GEMM exempt, the default), with it for the GEMMs only, and for every kernel, each twice
+  # interleaved; then both pairs' fork rows at T = 0, each followed by its twins: with PDL, with PDL for the
+  # GEMMs only, and with the round's ancestor mask, conv gather table and walk as torch ops
   python3 -m workbench.bench.e2e --skip-pairs --pdl-variants --budgets-27b 16,64 --repeats 20 --out "$out/e2e-27b-pdl.json" 2>&1 | tee "$out/e2e-27b-pdl.log"
   python3 -m workbench.bench.e2e --skip-27b --skip-hf --n 8 --temperatures 0 --budgets 8,16,32 --phase-prompts 1 --phase-budget 8 \
-    --twins pdl,torch_round --out "$out/e2e-pairs-pdl.json" 2>&1 | tee "$out/e2e-pairs-pdl.log"
+    --twins pdl,pdl_gemm,torch_round --out "$out/e2e-pairs-pdl.json" 2>&1 | tee "$out/e2e-pairs-pdl.log"
 fi
