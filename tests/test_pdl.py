@@ -88,6 +88,7 @@ def test_an_exempt_group_launches_without_pdl_while_it_is_on():
     group is refused by name, from the environment variable's parser too."""
     x = torch.zeros(1)
     on = {"USE_GDC": True} if pdl.INTERPRETED else {}
+    before = tk.pdl_exempt()
     with tk.use_pdl(True):
         with tk.use_pdl_exempt("tma"):
             assert pdl.pdl_options(x, ("gemm", "tma")) == {} and pdl.pdl_options(x, ("gemm",)) == on
@@ -106,7 +107,9 @@ def test_an_exempt_group_launches_without_pdl_while_it_is_on():
         tk.set_pdl_exempt("tma,mlp")
     with pytest.raises(ValueError, match="'conv'"):
         pdl.pdl_options(x, ("conv",))
-    assert tk.pdl_exempt() == frozenset({"tma"})  # the default, restored by every block above
+    assert tk.pdl_exempt() == before  # restored by every block above, and untouched by the refused set
+    from tree_kernels import backend
+    assert backend._parse_pdl_groups(" tma, ", "test") == frozenset({"tma"})  # the default's spelling parses
 
 
 @pytest.mark.parametrize("exempt", ["tma", "gemm", "", "tma,rest"])

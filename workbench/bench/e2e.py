@@ -119,9 +119,8 @@ def pdl_variants(budgets, engine_for, time_step, floor_ms: float) -> dict:
     the Triton kernels launched with PDL (tree_kernels._pdl) and without, in PDL_ORDER: "on" with the
     default exemption (the TMA few-rows GEMM launched without PDL, at its full pipeline depth),
     "on_gemm_only" only the GEMV and the pointer-load few-rows GEMMs (the rest without), "on_all" every
-    kernel. Each "on*" over
-    the "off" of its round, and the verify over the AR step of its own setting. Errors are reported
-    in the result: the default numbers stand."""
+    kernel. Each "on*" over the "off" of its round, and the verify over the AR step of its own
+    setting. Errors are reported in the result: the default numbers stand."""
     import tree_kernels as tk
 
     got: dict = {"order": list(PDL_ORDER), "default_on": tk.pdl_enabled(), "default_exempt": sorted(tk.pdl_exempt()),

@@ -18,12 +18,12 @@ import triton.language as tl
 
 from ..backend import small_gemm_enabled
 from .._pdl import pdl_enter, pdl_options
+from . import few_rows_tuned as _committed_routes
+from .naive import check_linear_inputs
 
 # the PDL groups (backend.PDL_GROUPS) of the weight-streaming kernels' launches
 GEMM = ("gemm",)
 TMA_GEMM = ("gemm", "tma")
-from . import few_rows_tuned as _committed_routes
-from .naive import check_linear_inputs
 
 __all__ = ["gemv", "config_for", "gemm_few_rows", "swap_row_blocks", "DEFAULT_CONFIG", "TUNED",
            "FEW_ROWS_CONFIG", "FEW_ROWS_TUNED",
