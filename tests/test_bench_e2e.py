@@ -95,9 +95,9 @@ def test_gdn_variants_set_and_restore_the_blocked_solve():
     from workbench.bench.kernels import OFFDIAG_VARIANTS, offdiag_variant_configs
 
     assert labels[1:-1] == [label for label, extra in OFFDIAG_VARIANTS if extra]  # the one list both benches run
-    assert dict(offdiag_variant_configs(65))["wide_scans_peel_fork_8w"] == seen["wide_scans_peel_fork_8w"]
-    assert seen["wide_scans_peel_bkc32_4w"]["ROOT_PEEL"] and seen["wide_scans_peel_bkc32_4w"]["prep_warps"] == 4
-    assert seen["wide_scans"]["WIDE_SCANS"] and not seen["wide_scans"]["ROOT_PEEL"]
+    assert dict(offdiag_variant_configs(65))["pre_s0_bv16_2w"] == seen["pre_s0_bv16_2w"]
+    assert seen["pre_s0_bv16_2w"]["PRE_S0"] and seen["pre_s0_bv16_2w"]["BV"] == 16 and seen["pre_s0_bv16_2w"]["num_warps"] == 2
+    assert seen["pre_s0_prep_bv32"]["S0_BV"] == 32 and not seen["pre_s0"]["ROOT_PEEL"]
 
 
 def test_pdl_variants_time_each_setting_with_the_switch_set_and_restore_it():

@@ -288,6 +288,34 @@ def test_gdn_precomputed_off_diagonal_blocks_equal_the_solve(n):
     check_gdn(tree, (3, 3, 12, 20), seed=n + 1, config=dict(base, PRE_OFFDIAG=True, ROOT_PEEL=False))
 
 
+@pytest.mark.parametrize("n,bs", [(33, 16), (65, 16), (100, 16), (65, 32)])
+def test_gdn_state_products_in_the_prepare_equal_the_solve(n, bs):
+    """PRE_S0: the prepare's extra programs take every block's K_b S0 and Q_b S0 (dk = 40 in chunks
+    of 16, dv = 20 in value tiles of 16: both ragged) and store the right-hand side and the output
+    before the u terms; the chain starts from them. Same o, stash and commits as without, and the
+    reference's (check_gdn); a peeled root takes the chain's own products (no S0P), still exact."""
+    tree = random_tree(n, 8, seed=n + 17, shape="mixed")
+    base = {"BS": bs, "BV": 16, "PRE_INVERSE": True, "PRE_OFFDIAG": True, "ROOT_PEEL": False}
+    o_plain, st_plain = check_gdn(tree, (2, 3, 40, 20), seed=n, config=base)
+    for extra in ({"S0_BV": 16, "S0_BKC": 16}, {"S0_BV": 32, "S0_BKC": 64}, {"S0_BV": 16, "S0_BKC": 16, "WIDE_SCANS": True}):
+        o_s0, st_s0 = check_gdn(tree, (2, 3, 40, 20), seed=n, config=dict(base, PRE_S0=True, **extra))
+        assert maxdiff(o_s0, o_plain) < 1e-5 and maxdiff(st_s0.u, st_plain.u) < 1e-5
+        assert maxdiff(st_s0.k, st_plain.k) == 0.0 and maxdiff(st_s0.G, st_plain.G) < 5e-6  # (wide scans: another sum order)
+    check_gdn(tree, (1, 3, 8, 12), seed=n, config=dict(base, PRE_S0=True, ROOT_PEEL=True))
+    # a forest: the unpeeled route's products still hold (S0 is every root's state)
+    anc = _chains_anc([n // 2, n - n // 2])
+    q, k, v, gate, beta, s0 = _gdn_case(n, (1, 3, 8, 12), seed=7)
+    o, st = gdn_tr.tree_gdn_fork(q, k, v, gate, beta, s0, anc, config=dict(base, PRE_S0=True))
+    o_ref, st_ref = gdn_naive.tree_gdn_fork(q, k, v, gate, beta, s0, anc)
+    assert maxdiff(o, o_ref) < 2e-5 and maxdiff(st.u, st_ref.u) < 2e-5
+
+
+def test_gdn_state_products_are_a_blocked_variant():
+    with gdn_tr.blocked_variant(PRE_S0=True, S0_BV=32):
+        cfg = gdn_tr.blocked_config(65, 128)
+        assert cfg["PRE_S0"] and cfg["S0_BV"] == 32 and not cfg["ROOT_PEEL"]
+
+
 @pytest.mark.parametrize("n,bs", [(33, 16), (65, 32), (100, 32)])
 def test_gdn_prepare_doubling_inverse_equals_forward_substitution(n, bs):
     """PREP_DOUBLING: the prepare launch inverts each diagonal block by recursive doubling (dots

@@ -256,14 +256,15 @@ def sweep_gdn_configs(label: str, configs: list[dict], call, reference, error_ke
 
 # The blocked solve with stored off-diagonal blocks at its defaults and with each setting
 # tree_gdn.triton.OFFDIAG_DEFAULTS leaves undecided: timed here in isolation (--only gdn_offdiag)
-# and in the 27B verify (bench.e2e --gdn-variants)
-_WIDE_PEEL = {"WIDE_SCANS": True, "ROOT_PEEL": True}
+# and in the 27B verify (bench.e2e --gdn-variants). The wide scans, the peel with stored blocks and
+# the prepare's dk chunks / warps were decided on 2026-12-07 (kernels-nvidia-h100-2026-12-07-gdn-offdiag.json,
+# e2e-nvidia-h100-2026-12-07-27b-gdn-variants.json: no default changed); now the products with S0
+# in the prepare (PRE_S0), with the chain's value tile and warps, which its smaller steps may change.
+_S0 = {"PRE_S0": True}
 OFFDIAG_VARIANTS = (
-    ("default", {}), ("wide_scans", {"WIDE_SCANS": True}), ("wide_scans_peel", _WIDE_PEEL),
-    ("wide_scans_peel_bkc32", dict(_WIDE_PEEL, PREP_BKC=32)),
-    ("wide_scans_peel_bkc32_4w", dict(_WIDE_PEEL, PREP_BKC=32, prep_warps=4)),
-    ("wide_scans_peel_bkc32_2w", dict(_WIDE_PEEL, PREP_BKC=32, prep_warps=2)),
-    ("prep_bkc32_4w", {"PREP_BKC": 32, "prep_warps": 4}), ("wide_scans_peel_fork_8w", dict(_WIDE_PEEL, num_warps=8)),
+    ("default", {}), ("pre_s0", _S0), ("pre_s0_bv16", dict(_S0, BV=16)), ("pre_s0_2w", dict(_S0, num_warps=2)),
+    ("pre_s0_bv16_2w", dict(_S0, BV=16, num_warps=2)), ("pre_s0_bv16_1w", dict(_S0, BV=16, num_warps=1)),
+    ("pre_s0_prep_bv32", dict(_S0, S0_BV=32)), ("pre_s0_prep_bkc64", dict(_S0, S0_BKC=64)),
 )
 
 

@@ -161,29 +161,11 @@ def _root_offset(Anc, T, sa_n, BS: tl.constexpr):
 
 
 @triton.jit
-def _gdn_prepare_kernel(
-    Q, K, Gin, Beta, Anc,  # inputs
-    SG, Inv, OffL, OffM,  # outputs: G [T, HV] (the stash's), (I + L_bb)^-1 per diagonal block
-    # [nb, HV, BS, BS]; with OFF the solve's u-independent blocks L_bc (c < b) and M_bc (c <= b),
-    # [nb, nb, HV, BS, BS]
-    T, R, HV, nb, scale,
-    sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n,
-    DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, PEEL: tl.constexpr,
-    OFF: tl.constexpr, DOUBLING: tl.constexpr, LOG2BS: tl.constexpr, TP: tl.constexpr, BKC: tl.constexpr, USE_GDC: tl.constexpr = False
-):
-    """Everything of the solve that depends only on k, g and beta, off the serial u recursion:
-    program (b, c, value head). c == b: the block's path-summed gates, the inverse of its
-    diagonal block (one warp by default, so the forward substitution's row reductions stay inside
-    a warp) and, with OFF, M_bb; c < b (OFF only): the off-diagonal pair L_bc, M_bc, each pair its
-    own program so the longest program is one pair, not a row of them. With a peeled root the
-    blocks start at node 1, as in the solve."""
-    pdl_enter(USE_GDC)
-    b = tl.program_id(0)
-    j = tl.program_id(2)
-    c = b
-    if OFF:
-        c = tl.program_id(1)  # programs with c > b (the upper triangle) store nothing
-    hk = j // R
+def _prepare_pairs(Q, K, Gin, Beta, Anc, SG, Inv, OffL, OffM, T, HV, nb, scale, b, c, j, hk,
+                   sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n, DK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr,
+                   PREC: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr, DOUBLING: tl.constexpr, LOG2BS: tl.constexpr,
+                   TP: tl.constexpr, BKC: tl.constexpr):
+    """The prepare's block-pair programs (_gdn_prepare_kernel): program (b, c) of value head j."""
     ar = tl.arange(0, BS)
     r0 = 0
     if PEEL:
@@ -225,6 +207,68 @@ def _gdn_prepare_kernel(
 
 
 @triton.jit
+def _gdn_prepare_kernel(
+    Q, K, Gin, Beta, Anc, V, S0,  # inputs (V, S0: read with S0P only)
+    SG, Inv, OffL, OffM,  # outputs: G [T, HV] (the stash's), (I + L_bb)^-1 per diagonal block
+    # [nb, HV, BS, BS]; with OFF the solve's u-independent blocks L_bc (c < b) and M_bc (c <= b),
+    # [nb, nb, HV, BS, BS]
+    SK, SU, O,  # outputs with S0P: the stash's k, and the solve's right-hand side and output before
+    # any u term (into the u stash and the output, which the solve then reads and overwrites)
+    T, R, HV, nb, npair, scale,
+    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, sa_n,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, PEEL: tl.constexpr,
+    OFF: tl.constexpr, DOUBLING: tl.constexpr, LOG2BS: tl.constexpr, TP: tl.constexpr, BKC: tl.constexpr,
+    S0P: tl.constexpr, BVP: tl.constexpr, S0_BKC: tl.constexpr, USE_GDC: tl.constexpr = False
+):
+    """Everything of the solve that depends only on k, g and beta, off the serial u recursion:
+    program (b, c, value head). c == b: the block's path-summed gates, the inverse of its
+    diagonal block (one warp by default, so the forward substitution's row reductions stay inside
+    a warp) and, with OFF, M_bb; c < b (OFF only): the off-diagonal pair L_bc, M_bc, each pair its
+    own program so the longest program is one pair, not a row of them. With a peeled root the
+    blocks start at node 1, as in the solve. With S0P (unpeeled only) programs c >= npair take the
+    block's products with the committed state, value columns (c - npair) * BVP onwards:
+    rhs_b = beta_b (v_b - exp(G_b) K_b S0) and o_b = exp(G_b) scale Q_b S0, the solve's two
+    [BS, dk] x [dk, BV] products per block, which do not depend on u either."""
+    pdl_enter(USE_GDC)
+    b = tl.program_id(0)
+    j = tl.program_id(2)
+    c = b
+    if OFF:
+        c = tl.program_id(1)  # programs with c > b (the upper triangle) store nothing
+    hk = j // R
+    ar = tl.arange(0, BS)
+    if S0P:
+        iv = tl.program_id(1) - npair
+        if iv >= 0:
+            rows = b * BS + ar
+            rm = rows < T
+            offv = iv * BVP + tl.arange(0, BVP)
+            vm = offv < DV
+            Gb = _path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1, TP)
+            bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
+            ks = tl.zeros([BS, BVP], dtype=tl.float32)
+            qs = tl.zeros([BS, BVP], dtype=tl.float32)
+            for ch in tl.static_range(BK // S0_BKC):  # dk in chunks: one warp holds no [BS, dk] tile
+                offk = ch * S0_BKC + tl.arange(0, S0_BKC)
+                km = offk < DK
+                kc = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32)
+                qc = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32) * scale
+                sc = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
+                ks += tl.dot(kc, sc, input_precision=PREC)
+                qs += tl.dot(qc, sc, input_precision=PREC)
+                if iv == 0:  # the stash's k rows, once per head
+                    tl.store(SK + rows[:, None] * (HV * DK) + j * DK + offk[None, :], kc, mask=rm[:, None] & km[None, :])
+            vb = tl.load(V + rows[:, None] * sv_t + j * sv_h + offv[None, :], mask=rm[:, None] & vm[None, :], other=0.0).to(tl.float32)
+            eGb = tl.exp(Gb)
+            out = rows[:, None] * (HV * DV) + j * DV + offv[None, :]
+            tl.store(SU + out, bb[:, None] * (vb - eGb[:, None] * ks), mask=rm[:, None] & vm[None, :])
+            tl.store(O + out, eGb[:, None] * qs, mask=rm[:, None] & vm[None, :])
+    if tl.program_id(1) < npair:  # (every program without S0P)
+        _prepare_pairs(Q, K, Gin, Beta, Anc, SG, Inv, OffL, OffM, T, HV, nb, scale, b, c, j, hk,
+                       sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, sa_n, DK, BK, BS, PREC, PEEL, OFF, DOUBLING, LOG2BS, TP, BKC)
+
+
+@triton.jit
 def _gdn_fork_kernel(
     Q, K, V, Gin, Beta, S0, Anc, Inv, OffL, OffM,  # inputs (Inv: the diagonal inverses when PRE;
     # OffL, OffM: the u-independent blocks when OFF)
@@ -232,7 +276,8 @@ def _gdn_fork_kernel(
     T, R, HV, scale, nbp,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr, TP: tl.constexpr, USE_GDC: tl.constexpr = False
+    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr, TP: tl.constexpr,
+    S0P: tl.constexpr = False, USE_GDC: tl.constexpr = False
 ):
     pdl_enter(USE_GDC)
     j = tl.program_id(0)  # value head
@@ -254,8 +299,9 @@ def _gdn_fork_kernel(
             tl.store(SG + rows * HV + j, _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1), mask=rm)
         tl.debug_barrier()
 
-    # the committed state's slice this program needs, [BK, BV]
-    s0 = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
+    # the committed state's slice this program needs, [BK, BV] (S0P: the prepare took its products)
+    if not S0P:
+        s0 = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
 
     # ---- the root, peeled: when node 0 is an ancestor of every node (any draft tree) its step is
     # the decode step on this program's full-dk tile, in registers; the blocks then start at node 1
@@ -284,15 +330,20 @@ def _gdn_fork_kernel(
     for b in range(0, nb):
         rows = r0 + b * BS + ar
         rm = rows < T
-        kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
-        vb = tl.load(V + rows[:, None] * sv_t + j * sv_h + offv[None, :], mask=rm[:, None] & vmask[None, :], other=0.0).to(tl.float32)
-        bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
-        Gb = tl.load(SG + rows * HV + j, mask=rm, other=0.0)
-        eGb = tl.exp(Gb - g_base)
-        rhs = bb[:, None] * (vb - eGb[:, None] * tl.dot(kb, s0, input_precision=PREC))
-        ob = eGb[:, None] * tl.dot(qb, s0, input_precision=PREC)
         tile = ar[:, None] * BS + ar[None, :]
+        if S0P:  # the prepare stored rhs_b (where u_b goes) and o_b before the u terms
+            bo = rows[:, None] * (HV * DV) + j * DV + offv[None, :]
+            rhs = tl.load(SU + bo, mask=rm[:, None] & vmask[None, :], other=0.0)
+            ob = tl.load(O + bo, mask=rm[:, None] & vmask[None, :], other=0.0)
+        else:
+            kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
+            vb = tl.load(V + rows[:, None] * sv_t + j * sv_h + offv[None, :], mask=rm[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+            bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
+            Gb = tl.load(SG + rows * HV + j, mask=rm, other=0.0)
+            eGb = tl.exp(Gb - g_base)
+            rhs = bb[:, None] * (vb - eGb[:, None] * tl.dot(kb, s0, input_precision=PREC))
+            ob = eGb[:, None] * tl.dot(qb, s0, input_precision=PREC)
         for c in range(0, b):
             cols = r0 + c * BS + ar
             cm = cols < T
@@ -330,8 +381,9 @@ def _gdn_fork_kernel(
             ob += tl.dot(dec * tl.dot(qb, kbt, input_precision=PREC), ub, input_precision=PREC)
         tl.store(SU + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ub, mask=rm[:, None] & vmask[None, :])
         tl.store(O + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ob, mask=rm[:, None] & vmask[None, :])
-        if iv == 0:
-            tl.store(SK + rows[:, None] * (HV * DK) + j * DK + offk[None, :], kb, mask=rm[:, None] & kmask[None, :])
+        if not S0P:  # (else the prepare stored the stash's k)
+            if iv == 0:
+                tl.store(SK + rows[:, None] * (HV * DK) + j * DK + offk[None, :], kb, mask=rm[:, None] & kmask[None, :])
         tl.debug_barrier()  # u_b is read back by later blocks (other threads of this program)
 
 
@@ -587,7 +639,12 @@ DENSE_LARGEST = 64  # the largest tree (after the root) the dense kernels take; 
 # - PREP_BKC / prep_warps: the prepare's K K^T and Q K^T in dk chunks of PREP_BKC. At one warp and
 #   full dk the prepare spills ~500-800 B a thread on sm_90 (CPU AOT), 0 at 4 warps with chunks of
 #   32; one warp measured faster on 2026-12-03 all the same (2 / 4 warps 1.16x / 1.30x at 65).
-OFFDIAG_DEFAULTS = {"WIDE_SCANS": False, "ROOT_PEEL": False, "PREP_BKC": 128, "prep_warps": 1}
+# - PRE_S0 (unpeeled only): the prepare launch also takes each block's two products with the
+#   committed state (K_b S0 and Q_b S0, [BS, dk] x [dk, BV] in tf32x3, which need no u), in extra
+#   programs of S0_BV value columns and dk chunks of S0_BKC; the chain then starts each block from
+#   the stored right-hand side and output, so its serial steps are the [BS, BS] dots alone.
+OFFDIAG_DEFAULTS = {"WIDE_SCANS": False, "ROOT_PEEL": False, "PREP_BKC": 128, "prep_warps": 1, "PRE_S0": False,
+                    "S0_BV": 16, "S0_BKC": 32}
 WIDE_SCANS_MAX_NODES = 128
 
 
@@ -767,24 +824,31 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
         inv = off_l = off_m = sg  # unused unless pre / off
         nb = triton.cdiv(t, bs)
         off = pre and bool(c.get("PRE_OFFDIAG", False))
+        # the products with S0 in the prepare: only with stored off-diagonal blocks and no peeled root
+        # (the peel changes the state the blocks start from inside the chain)
+        s0p = off and not peel and bool(c.get("PRE_S0", False))
         if pre:
             inv = torch.empty(nb, hv, bs, bs, dtype=torch.float32, device=dev)
             if off:
                 off_l = torch.empty(nb, nb, hv, bs, bs, dtype=torch.float32, device=dev)
                 off_m = torch.empty(nb, nb, hv, bs, bs, dtype=torch.float32, device=dev)
-            _gdn_prepare_kernel[(nb, nb if off else 1, hv)](
-                q, k, g, beta, a8, sg, inv, off_l, off_m, t, hv // h, hv, nb, scale,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
+            npair = nb if off else 1
+            bvp = min(int(c.get("S0_BV", 16)), max(16, next_pow2(dv)))
+            s0_bkc = min(bk, int(c.get("S0_BKC", 32)))
+            _gdn_prepare_kernel[(nb, npair + (triton.cdiv(dv, bvp) if s0p else 0), hv)](
+                q, k, g, beta, a8, v, state, sg, inv, off_l, off_m, sk, su, o, t, hv // h, hv, nb, npair, scale,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
                 beta.stride(0), beta.stride(1), a8.stride(0),
-                DK=dk, BK=bk, BS=bs, PREC=prec, PEEL=peel, OFF=off, DOUBLING=bool(c.get("PREP_DOUBLING", False)),
-                LOG2BS=bs.bit_length() - 1, TP=tp, BKC=min(bk, c.get("PREP_BKC", bk)), num_warps=c.get("prep_warps", 1), **pdl_options(q)
+                DK=dk, DV=dv, BK=bk, BS=bs, PREC=prec, PEEL=peel, OFF=off, DOUBLING=bool(c.get("PREP_DOUBLING", False)),
+                LOG2BS=bs.bit_length() - 1, TP=tp, BKC=min(bk, c.get("PREP_BKC", bk)), S0P=s0p, BVP=bvp, S0_BKC=s0_bkc,
+                num_warps=c.get("prep_warps", 1), **pdl_options(q)
             )
         _gdn_fork_kernel[(hv, triton.cdiv(dv, bv))](
             q, k, v, g, beta, state, a8, inv, off_l, off_m, o, sk, su, sg,
             t, hv // h, hv, scale, nb,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), a8.stride(0),
-            DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre, PEEL=peel, OFF=off, TP=tp,
+            DK=dk, DV=dv, BK=bk, BV=bv, BS=bs, PREC=prec, PRE=pre, PEEL=peel, OFF=off, TP=tp, S0P=s0p,
             num_warps=c["num_warps"], **pdl_options(q)
         )
 
