@@ -778,8 +778,9 @@ def main(argv=None) -> dict:
                    help="bundled pairs: the fast path's rounds with device timestamps between phases (draft, tree, "
                         "verify, walk, commit, pack), GPU ms per round; the host reads each round before queueing the next")
     p.add_argument("--gdn-variants", action="store_true",
-                   help="27B dims: verify 33 / 65 with the blocked GDN solve's undecided settings (wide mask scans, "
-                        "the root peel, the prepare in dk chunks / 4 warps), interleaved with its defaults")
+                   help="27B dims: verify 33 / 65 with the blocked GDN solve's undecided settings (bench.kernels."
+                        "OFFDIAG_VARIANTS: the products with S0 in the prepare, the chain's value tile and warps), "
+                        "interleaved with its defaults")
     p.add_argument("--prefetch-config", default=None,
                    help="JSON settings of the L2 warm-up kernel for --prefetch-variants (bench.l2 writes its best as best_read)")
     p.add_argument("--fusion-variants", action="store_true",
