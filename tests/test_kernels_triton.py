@@ -292,12 +292,15 @@ def test_gdn_precomputed_off_diagonal_blocks_equal_the_solve(n):
 def test_gdn_state_products_in_the_prepare_equal_the_solve(n, bs):
     """PRE_S0: the prepare's extra programs take every block's K_b S0 and Q_b S0 (dk = 40 in chunks
     of 16, dv = 20 in value tiles of 16: both ragged) and store the right-hand side and the output
-    before the u terms; the chain starts from them. Same o, stash and commits as without, and the
-    reference's (check_gdn); a peeled root takes the chain's own products (no S0P), still exact."""
+    before the u terms; the chain kernel starts from them, its earlier-block terms a dot per block or
+    one wide dot (WIDE_OFF; 100 nodes at BS 16 are past its 128 and take the loop). Same o, stash and
+    commits as without, and the reference's (check_gdn); a peeled root takes the fork kernel's own
+    products (no S0P), still exact."""
     tree = random_tree(n, 8, seed=n + 17, shape="mixed")
     base = {"BS": bs, "BV": 16, "PRE_INVERSE": True, "PRE_OFFDIAG": True, "ROOT_PEEL": False}
     o_plain, st_plain = check_gdn(tree, (2, 3, 40, 20), seed=n, config=base)
-    for extra in ({"S0_BV": 16, "S0_BKC": 16}, {"S0_BV": 32, "S0_BKC": 64}, {"S0_BV": 16, "S0_BKC": 16, "WIDE_SCANS": True}):
+    for extra in ({"S0_BV": 16, "S0_BKC": 16}, {"S0_BV": 32, "S0_BKC": 64, "WIDE_OFF": True},
+                  {"S0_BV": 16, "S0_BKC": 16, "WIDE_SCANS": True, "WIDE_OFF": True, "num_warps": 2}):
         o_s0, st_s0 = check_gdn(tree, (2, 3, 40, 20), seed=n, config=dict(base, PRE_S0=True, **extra))
         assert maxdiff(o_s0, o_plain) < 1e-5 and maxdiff(st_s0.u, st_plain.u) < 1e-5
         assert maxdiff(st_s0.k, st_plain.k) == 0.0 and maxdiff(st_s0.G, st_plain.G) < 5e-6  # (wide scans: another sum order)

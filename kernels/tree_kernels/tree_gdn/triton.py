@@ -276,8 +276,7 @@ def _gdn_fork_kernel(
     T, R, HV, scale, nbp,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, sa_n,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr,
-    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr, TP: tl.constexpr,
-    S0P: tl.constexpr = False, USE_GDC: tl.constexpr = False
+    PREC: tl.constexpr, PRE: tl.constexpr, PEEL: tl.constexpr, OFF: tl.constexpr, TP: tl.constexpr, USE_GDC: tl.constexpr = False
 ):
     pdl_enter(USE_GDC)
     j = tl.program_id(0)  # value head
@@ -299,9 +298,8 @@ def _gdn_fork_kernel(
             tl.store(SG + rows * HV + j, _block_path_sums(Gin, Anc, rows, rm, j, T, sg_t, sg_h, sa_n, BS, b + 1), mask=rm)
         tl.debug_barrier()
 
-    # the committed state's slice this program needs, [BK, BV] (S0P: the prepare took its products)
-    if not S0P:
-        s0 = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
+    # the committed state's slice this program needs, [BK, BV]
+    s0 = tl.load(S0 + j * DK * DV + offk[:, None] * DV + offv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
 
     # ---- the root, peeled: when node 0 is an ancestor of every node (any draft tree) its step is
     # the decode step on this program's full-dk tile, in registers; the blocks then start at node 1
@@ -330,20 +328,15 @@ def _gdn_fork_kernel(
     for b in range(0, nb):
         rows = r0 + b * BS + ar
         rm = rows < T
+        kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
+        vb = tl.load(V + rows[:, None] * sv_t + j * sv_h + offv[None, :], mask=rm[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+        bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
+        Gb = tl.load(SG + rows * HV + j, mask=rm, other=0.0)
+        eGb = tl.exp(Gb - g_base)
+        rhs = bb[:, None] * (vb - eGb[:, None] * tl.dot(kb, s0, input_precision=PREC))
+        ob = eGb[:, None] * tl.dot(qb, s0, input_precision=PREC)
         tile = ar[:, None] * BS + ar[None, :]
-        if S0P:  # the prepare stored rhs_b (where u_b goes) and o_b before the u terms
-            bo = rows[:, None] * (HV * DV) + j * DV + offv[None, :]
-            rhs = tl.load(SU + bo, mask=rm[:, None] & vmask[None, :], other=0.0)
-            ob = tl.load(O + bo, mask=rm[:, None] & vmask[None, :], other=0.0)
-        else:
-            kb = tl.load(K + rows[:, None] * sk_t + hk * sk_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            qb = tl.load(Q + rows[:, None] * sq_t + hk * sq_h + offk[None, :], mask=rm[:, None] & kmask[None, :], other=0.0).to(tl.float32) * scale
-            vb = tl.load(V + rows[:, None] * sv_t + j * sv_h + offv[None, :], mask=rm[:, None] & vmask[None, :], other=0.0).to(tl.float32)
-            bb = tl.load(Beta + rows * sb_t + j * sb_h, mask=rm, other=0.0).to(tl.float32)
-            Gb = tl.load(SG + rows * HV + j, mask=rm, other=0.0)
-            eGb = tl.exp(Gb - g_base)
-            rhs = bb[:, None] * (vb - eGb[:, None] * tl.dot(kb, s0, input_precision=PREC))
-            ob = eGb[:, None] * tl.dot(qb, s0, input_precision=PREC)
         for c in range(0, b):
             cols = r0 + c * BS + ar
             cm = cols < T
@@ -381,9 +374,75 @@ def _gdn_fork_kernel(
             ob += tl.dot(dec * tl.dot(qb, kbt, input_precision=PREC), ub, input_precision=PREC)
         tl.store(SU + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ub, mask=rm[:, None] & vmask[None, :])
         tl.store(O + rows[:, None] * (HV * DV) + j * DV + offv[None, :], ob, mask=rm[:, None] & vmask[None, :])
-        if not S0P:  # (else the prepare stored the stash's k)
-            if iv == 0:
-                tl.store(SK + rows[:, None] * (HV * DK) + j * DK + offk[None, :], kb, mask=rm[:, None] & kmask[None, :])
+        if iv == 0:
+            tl.store(SK + rows[:, None] * (HV * DK) + j * DK + offk[None, :], kb, mask=rm[:, None] & kmask[None, :])
+        tl.debug_barrier()  # u_b is read back by later blocks (other threads of this program)
+
+
+@triton.jit
+def _gdn_chain_kernel(
+    SU, O, Inv, OffL, OffM,  # SU, O: rhs_b and o_b before the u terms (from the prepare), overwritten
+    # with u_b and the output; Inv, OffL, OffM: the prepare's diagonal inverses and off-diagonal blocks
+    T, HV, nbp,
+    DV: tl.constexpr, BV: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, TW: tl.constexpr,
+    USE_GDC: tl.constexpr = False
+):
+    """The blocked solve's serial chain when the prepare took everything that does not depend on u
+    (PRE_S0): one program per (value head, BV value columns), block after block,
+        u_b = Inv_b (rhs_b - sum_{c<b} L_bc u_c),   o_b += sum_{c<b} M_bc u_c + M_bb u_b.
+    Each block's u-independent inputs (rhs_b, o_b, Inv_b, M_bb) are loaded one block ahead, so the
+    dependent path of a step is the read-back of the earlier u's and four small dots. TW > 0: the
+    earlier blocks' terms as one [BS, TW] x [TW, BV] dot over every earlier node (TW >= the nodes
+    before the last block), one load of u's, not one per earlier block."""
+    pdl_enter(USE_GDC)
+    j = tl.program_id(0)  # value head
+    iv = tl.program_id(1)  # block of value columns
+    ar = tl.arange(0, BS)
+    offv = iv * BV + tl.arange(0, BV)
+    vmask = offv < DV
+    nb = tl.cdiv(T, BS)
+    tile = ar[:, None] * BS + ar[None, :]
+    bo = ar[:, None] * (HV * DV) + j * DV + offv[None, :]
+    m2 = (ar < T)[:, None] & vmask[None, :]
+    rhs_n = tl.load(SU + bo, mask=m2, other=0.0)
+    ob_n = tl.load(O + bo, mask=m2, other=0.0)
+    inv_n = tl.load(Inv + (j * BS + ar[:, None]) * BS + ar[None, :])
+    mbb_n = tl.load(OffM + j * BS * BS + tile)
+    if TW > 0:
+        cw = tl.arange(0, TW)
+        cw_blk = cw // BS
+        cw_in = cw % BS
+    for b in range(0, nb):
+        rhs, ob, inv, mbb = rhs_n, ob_n, inv_n, mbb_n
+        rows = b * BS + ar
+        rm = rows < T
+        out = rows[:, None] * (HV * DV) + j * DV + offv[None, :]
+        # the next block's u-independent inputs, in flight while this block waits on its u's
+        bn = tl.minimum(b + 1, nb - 1)
+        nrm = (rows + BS) < T
+        rhs_n = tl.load(SU + out + BS * HV * DV, mask=nrm[:, None] & vmask[None, :], other=0.0)
+        ob_n = tl.load(O + out + BS * HV * DV, mask=nrm[:, None] & vmask[None, :], other=0.0)
+        inv_n = tl.load(Inv + ((bn * HV + j) * BS + ar[:, None]) * BS + ar[None, :])
+        mbb_n = tl.load(OffM + ((bn * nbp + bn) * HV + j) * BS * BS + tile)
+        if TW > 0:
+            before = cw < b * BS
+            uw = tl.load(SU + cw[:, None] * (HV * DV) + j * DV + offv[None, :], mask=before[:, None] & vmask[None, :], other=0.0)
+            blk = ((b * nbp + cw_blk) * HV + j) * BS * BS + cw_in
+            lw = tl.load(OffL + blk[None, :] + ar[:, None] * BS, mask=before[None, :], other=0.0)
+            mw = tl.load(OffM + blk[None, :] + ar[:, None] * BS, mask=before[None, :], other=0.0)
+            rhs -= tl.dot(lw, uw, input_precision=PREC)
+            ob += tl.dot(mw, uw, input_precision=PREC)
+        else:
+            for c in range(0, b):
+                cols = c * BS + ar
+                uc = tl.load(SU + cols[:, None] * (HV * DV) + j * DV + offv[None, :], mask=(cols < T)[:, None] & vmask[None, :], other=0.0)
+                base = ((b * nbp + c) * HV + j) * BS * BS + tile
+                rhs -= tl.dot(tl.load(OffL + base), uc, input_precision=PREC)
+                ob += tl.dot(tl.load(OffM + base), uc, input_precision=PREC)
+        ub = tl.dot(inv, rhs, input_precision=PREC)
+        ob += tl.dot(mbb, ub, input_precision=PREC)
+        tl.store(SU + out, ub, mask=rm[:, None] & vmask[None, :])
+        tl.store(O + out, ob, mask=rm[:, None] & vmask[None, :])
         tl.debug_barrier()  # u_b is read back by later blocks (other threads of this program)
 
 
@@ -642,9 +701,11 @@ DENSE_LARGEST = 64  # the largest tree (after the root) the dense kernels take; 
 # - PRE_S0 (unpeeled only): the prepare launch also takes each block's two products with the
 #   committed state (K_b S0 and Q_b S0, [BS, dk] x [dk, BV] in tf32x3, which need no u), in extra
 #   programs of S0_BV value columns and dk chunks of S0_BKC; the chain then starts each block from
-#   the stored right-hand side and output, so its serial steps are the [BS, BS] dots alone.
+#   the stored right-hand side and output (_gdn_chain_kernel), so its serial steps are the [BS, BS]
+#   dots alone, each block's u-independent inputs loaded a block ahead.
+#   WIDE_OFF: that chain's earlier-block terms as one wide dot a step (_gdn_chain_kernel's TW).
 OFFDIAG_DEFAULTS = {"WIDE_SCANS": False, "ROOT_PEEL": False, "PREP_BKC": 128, "prep_warps": 1, "PRE_S0": False,
-                    "S0_BV": 16, "S0_BKC": 32}
+                    "S0_BV": 16, "S0_BKC": 32, "WIDE_OFF": False}
 WIDE_SCANS_MAX_NODES = 128
 
 
@@ -843,6 +904,14 @@ def tree_gdn_fork(q, k, v, g, beta, state, anc, scale=None, *, config: dict | No
                 LOG2BS=bs.bit_length() - 1, TP=tp, BKC=min(bk, c.get("PREP_BKC", bk)), S0P=s0p, BVP=bvp, S0_BKC=s0_bkc,
                 num_warps=c.get("prep_warps", 1), **pdl_options(q)
             )
+        if s0p:
+            # the chain's earlier-block terms as one dot over every earlier node, up to 128 of them
+            tw = next_pow2(max(16, (nb - 1) * bs)) if c.get("WIDE_OFF", False) and (nb - 1) * bs <= 128 else 0
+            _gdn_chain_kernel[(hv, triton.cdiv(dv, bv))](
+                su, o, inv, off_l, off_m, t, hv, nb,
+                DV=dv, BV=bv, BS=bs, PREC=prec, TW=tw, num_warps=c["num_warps"], **pdl_options(q)
+            )
+            return
         _gdn_fork_kernel[(hv, triton.cdiv(dv, bv))](
             q, k, v, g, beta, state, a8, inv, off_l, off_m, o, sk, su, sg,
             t, hv // h, hv, scale, nb,
