@@ -110,11 +110,19 @@ def gdn_cases(dk: int = 128, dv: int = 128) -> list[tuple[str, object, dict, int
         cases.append((f"dense apply BN {bn}", tg._gdn_dense_apply_kernel,
                       dict(DK=dk, DV=dv, BK=bk, BKC=bkc, BV=d["BV"], BN=bn, PREC="tf32x3"), d["num_warps"]))
     b = tg.blocked_config(65, dv)
-    cases.append(("blocked prepare (off-diagonal blocks)", tg._gdn_prepare_kernel,
-                  dict(DK=dk, BK=bk, BS=b["BS"], PREC="tf32x3", PEEL=False, OFF=True), b["prep_warps"]))
+    bs = b["BS"]
+    prep = dict(DK=dk, DV=dv, BK=bk, BS=bs, PREC="tf32x3", PEEL=False, OFF=True, DOUBLING=False,
+                LOG2BS=bs.bit_length() - 1, TP=0, BKC=min(bk, b["PREP_BKC"]), S0P=False, BVP=b["S0_BV"],
+                S0_BKC=b["S0_BKC"])
+    cases.append(("blocked prepare (off-diagonal blocks)", tg._gdn_prepare_kernel, prep, b["prep_warps"]))
+    cases.append(("blocked prepare + S0 products (PRE_S0)", tg._gdn_prepare_kernel, dict(prep, S0P=True), b["prep_warps"]))
     cases.append(("blocked chain (off-diagonal blocks)", tg._gdn_fork_kernel,
-                  dict(DK=dk, DV=dv, BK=bk, BV=b["BV"], BS=b["BS"], PREC="tf32x3", PRE=True, PEEL=False, OFF=True),
+                  dict(DK=dk, DV=dv, BK=bk, BV=b["BV"], BS=bs, PREC="tf32x3", PRE=True, PEEL=False, OFF=True, TP=0),
                   b["num_warps"]))
+    for tw in (0, 64):  # 65 nodes: four earlier blocks at most, one wide dot of 64 columns
+        for bv, warps in ((b["BV"], b["num_warps"]), (16, 2)):
+            cases.append((f"PRE_S0 chain, TW {tw}, BV {bv}", tg._gdn_chain_kernel,
+                          dict(DV=dv, BV=bv, BS=bs, PREC="tf32x3", TW=tw), warps))
     return cases
 
 
