@@ -97,7 +97,7 @@ def test_gdn_variants_set_and_restore_the_blocked_solve():
     assert labels[1:-1] == [label for label, extra in OFFDIAG_VARIANTS if extra]  # the one list both benches run
     assert dict(offdiag_variant_configs(65))["pre_s0_bv16_2w"] == seen["pre_s0_bv16_2w"]
     assert seen["pre_s0_bv16_2w"]["PRE_S0"] and seen["pre_s0_bv16_2w"]["BV"] == 16 and seen["pre_s0_bv16_2w"]["num_warps"] == 2
-    assert seen["pre_s0_prep_bv32"]["S0_BV"] == 32 and not seen["pre_s0"]["ROOT_PEEL"]
+    assert seen["pre_s0_wide"]["WIDE_OFF"] and not seen["pre_s0"]["ROOT_PEEL"]
 
 
 def test_pdl_variants_time_each_setting_with_the_switch_set_and_restore_it():

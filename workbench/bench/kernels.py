@@ -263,8 +263,7 @@ def sweep_gdn_configs(label: str, configs: list[dict], call, reference, error_ke
 _S0 = {"PRE_S0": True}
 OFFDIAG_VARIANTS = (
     ("default", {}), ("pre_s0", _S0), ("pre_s0_bv16", dict(_S0, BV=16)), ("pre_s0_2w", dict(_S0, num_warps=2)),
-    ("pre_s0_bv16_2w", dict(_S0, BV=16, num_warps=2)), ("pre_s0_bv16_1w", dict(_S0, BV=16, num_warps=1)),
-    ("pre_s0_prep_bv32", dict(_S0, S0_BV=32)), ("pre_s0_wide", dict(_S0, WIDE_OFF=True)),
+    ("pre_s0_bv16_2w", dict(_S0, BV=16, num_warps=2)), ("pre_s0_wide", dict(_S0, WIDE_OFF=True)),
     ("pre_s0_wide_bv16_2w", dict(_S0, WIDE_OFF=True, BV=16, num_warps=2)),
 )
 
