@@ -672,8 +672,10 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
     if args.gdn_variants:  # the blocked GDN solve's undecided settings (33 / 65 nodes: the blocked route), interleaved
         from tree_kernels.tree_gdn import triton as tg
 
+        # 33 / 65 nodes (those of them in --budgets-27b, else both)
+        gdn_budgets = tuple(b for b in (32, 64) if b in args.budgets_27b) or (32, 64)
         out["gdn_blocked_variants"] = interleaved("gdn blocked", gdn_variants(), {"defaults": dict(tg.OFFDIAG_DEFAULTS)},
-                                                  budgets=(32, 64))
+                                                  budgets=gdn_budgets)
     if args.prefetch_variants:  # the output projections' weights warmed into L2 during the tree kernels, interleaved
         if args.prefetch_config:  # e.g. bench.l2's best_read
             from tree_kernels.l2_prefetch import triton as lp
