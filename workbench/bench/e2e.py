@@ -715,7 +715,6 @@ def bench_27b(args, device, taus_by_budget: dict) -> dict:
                         eng = engine_for("ddtree", budget)
                         got[f"verify_{budget + 1}_fork_{label}_ms"] = time_step(eng, "round", eng._round_step)
                         del eng
-                    log(f"27B dims, {name} {label}: verify {budget + 1} {got[f'verify_{budget + 1}_fork_{label}_ms']:.2f} ms")
                         torch.cuda.empty_cache()
                 ms, base = got[f"verify_{budget + 1}_fork_few_rows_ms"], got[f"verify_{budget + 1}_fork_cublas_ms"]
                 got[f"verify_{budget + 1}_few_rows_over_cublas"] = ms / base
