@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements, as run on the device machine (torch, triton, transformers preinstalled; no
-# network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all|few-rows|l2|pdl  [OUT dir]
+# network). Usage, from the repository root:   bash env/device-bench.sh kernels|pairs|27b|all|few-rows|l2|pdl|gdn  [OUT dir]
 # kernels ~3-5 min, pairs ~4 min, 27b ~2.5 min on an H200 (2026-12-03); results are JSON under OUT
 # (default $OUT or out/device). Copy them to data/results/ as e2e-<device>-<date>[-27b|-fp32].json
 # (the figure and projection readers take the newest bf16 H200 file that has their part, --device
@@ -51,4 +51,11 @@ if [[ "$part" == pdl ]]; then
   python3 -m workbench.bench.e2e --skip-pairs --pdl-variants --budgets-27b 16,64 --repeats 20 --out "$out/e2e-27b-pdl.json" 2>&1 | tee "$out/e2e-27b-pdl.log"
   python3 -m workbench.bench.e2e --skip-27b --skip-hf --n 8 --temperatures 0 --budgets 8,16,32 --phase-prompts 1 --phase-budget 8 \
     --twins pdl,pdl_gemm,torch_round --out "$out/e2e-pairs-pdl.json" 2>&1 | tee "$out/e2e-pairs-pdl.log"
+fi
+if [[ "$part" == gdn ]]; then
+  # the blocked GDN solve's undecided settings (bench.kernels.OFFDIAG_VARIANTS: the products with S0 in the
+  # prepare, the chain's value tile / warps, the wide off-diagonal dot): the 27B verify 33 / 65 interleaved with
+  # the default, then each kernel per launch at 33 / 65 nodes
+  python3 -m workbench.bench.e2e --skip-pairs --gdn-variants --budgets-27b 32,64 --repeats 20 --out "$out/e2e-27b-gdn.json" 2>&1 | tee "$out/e2e-27b-gdn.log"
+  python3 -m workbench.bench.kernels --only gdn_offdiag --sizes 33,65 --no-fla --out "$out/kernels-gdn.json" 2>&1 | tee "$out/kernels-gdn.log"
 fi
