@@ -73,6 +73,28 @@ def test_every_kernel_waits_first_and_every_launch_asks_for_pdl():
             path.name, call.lineno, call.func.value.id)
 
 
+LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg"}
+
+
+def test_every_launch_keyword_is_a_kernel_parameter_or_a_launch_option():
+    """A keyword a kernel does not take (one left behind when a parameter moves to another kernel)
+    passes silently under the interpreter the CPU tests run, and only the GPU would refuse or drop
+    it. Every named keyword of every launch is one of the kernel's parameters or a launch option."""
+    kernels, launches = {}, []
+    for path, tree in _kernel_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel"):
+                kernels[node.name] = {a.arg for a in node.args.args}
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id.endswith("_kernel")):
+                launches.append((path, node))
+    assert launches
+    for path, call in launches:
+        params = kernels[call.func.value.id]
+        unknown = {k.arg for k in call.keywords if k.arg is not None} - params - LAUNCH_OPTIONS
+        assert not unknown, (path.name, call.lineno, call.func.value.id, sorted(unknown))
+
+
 def test_pdl_options_follow_the_switch():
     x = torch.zeros(1)
     with tk.use_pdl(False):
